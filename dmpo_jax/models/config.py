@@ -1,0 +1,79 @@
+"""ModelConfig: the frozen description of a decoder-only transformer (Llama / Qwen2)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def as_dtype(name: Any):
+  """'float32' | 'bfloat16' | a jnp dtype -> a jnp dtype, with a clear error."""
+  if isinstance(name, str):
+    if name not in _DTYPES:
+      raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+  return jnp.dtype(name).type
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shapes and numerics of the decoder.
+
+  Shape names (STYLE.md 7): V vocab, D model dim, F ffn dim, N query heads,
+  K kv heads, H head dim.
+  """
+
+  vocab_size: int  # V
+  hidden_size: int  # D
+  intermediate_size: int  # F
+  num_layers: int
+  num_heads: int  # N
+  num_kv_heads: int  # K
+  head_dim: int | None = None  # H; None -> D // N
+  rope_theta: float = 10000.0
+  rms_norm_eps: float = 1e-6
+  qkv_bias: bool = False  # Qwen2: True; Llama: False
+  tie_embeddings: bool = False
+  max_position_embeddings: int = 4096
+  param_dtype: str = "float32"
+  dtype: str = "float32"  # compute dtype; norms, softmax and log-probs stay float32
+  architecture: str = "qwen2"  # 'qwen2' | 'llama': which HF class save() writes
+
+  def __post_init__(self):
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                  "num_heads", "num_kv_heads"):
+      value = getattr(self, field)
+      if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"ModelConfig.{field} must be a positive int, got {value!r}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+          f"num_kv_heads ({self.num_kv_heads})")
+    if self.head_dim is None:
+      if self.hidden_size % self.num_heads:
+        raise ValueError(
+            f"ModelConfig.hidden_size ({self.hidden_size}) is not divisible by "
+            f"num_heads ({self.num_heads}); set head_dim explicitly")
+      object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+    if self.head_dim % 2:
+      raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+    as_dtype(self.param_dtype)
+    as_dtype(self.dtype)
+    if self.architecture not in ("qwen2", "llama"):
+      raise ValueError(
+          f"ModelConfig.architecture must be 'qwen2' or 'llama', got {self.architecture!r}")
+
+  def replace(self, **changes) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+  def num_params(self) -> int:
+    d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
+    n, k = self.num_heads, self.num_kv_heads
+    attn = d * n * h * 2 + d * k * h * 2 + (n * h + 2 * k * h) * self.qkv_bias
+    layer = attn + 3 * d * f + 2 * d
+    head = 0 if self.tie_embeddings else self.vocab_size * d
+    return self.num_layers * layer + self.vocab_size * d + d + head

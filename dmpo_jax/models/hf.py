@@ -1,0 +1,277 @@
+"""Hugging Face checkpoints <-> our Flax model, from and to local folders.
+
+`load(path)` reads config.json (Qwen2 / Llama families), `*.safetensors`
+(one file, or shards listed in model.safetensors.index.json) and the
+tokenizer (through transformers.AutoTokenizer) from a local folder; nothing
+is fetched from a hub. `save(model, tokenizer, path)` writes a folder that
+transformers opens with `AutoModelForCausalLM.from_pretrained(path)`.
+
+Every mismatch (missing file, unsupported architecture, missing or
+unexpected tensor, wrong shape) is one clear error naming the file or tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dmpo_jax.models.config import ModelConfig, as_dtype
+from dmpo_jax.models.transformer import Transformer
+
+SUPPORTED = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+# HF buffers that carry no learned weights.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+  """A checkpoint folder does not match what the model needs."""
+
+
+def config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
+                   param_dtype: str | None = None) -> ModelConfig:
+  """A HF config.json dict -> ModelConfig; refuses what the model does not implement."""
+  model_type = hf.get("model_type")
+  if model_type not in SUPPORTED:
+    raise CheckpointError(
+        f"unsupported architecture model_type={model_type!r} "
+        f"(architectures={hf.get('architectures')}); supported: {sorted(SUPPORTED)}")
+  rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  if rope_type not in (None, "default"):
+    raise CheckpointError(f"unsupported rope scaling {rope_type!r} in config.json; only "
+                          "plain RoPE is implemented")
+  theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
+  if model_type == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
+    raise CheckpointError("Llama with attention_bias or mlp_bias is not supported")
+  if hf.get("use_sliding_window"):
+    raise CheckpointError("sliding-window attention (use_sliding_window=true) is not supported")
+  act = hf.get("hidden_act", "silu")
+  if act != "silu":
+    raise CheckpointError(f"unsupported hidden_act {act!r}; only 'silu' (SwiGLU) is implemented")
+  num_heads = hf["num_attention_heads"]
+  return ModelConfig(
+      vocab_size=hf["vocab_size"],
+      hidden_size=hf["hidden_size"],
+      intermediate_size=hf["intermediate_size"],
+      num_layers=hf["num_hidden_layers"],
+      num_heads=num_heads,
+      num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+      head_dim=hf.get("head_dim"),
+      rope_theta=float(theta),
+      rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+      qkv_bias=model_type == "qwen2",
+      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      max_position_embeddings=hf.get("max_position_embeddings", 4096),
+      param_dtype=param_dtype or dtype,
+      dtype=dtype,
+      architecture=model_type,
+  )
+
+
+def config_to_hf(cfg: ModelConfig, tokenizer=None) -> dict[str, Any]:
+  """ModelConfig -> a config.json dict that transformers reads."""
+  hf = {
+      "architectures": [SUPPORTED[cfg.architecture]],
+      "model_type": cfg.architecture,
+      "vocab_size": cfg.vocab_size,
+      "hidden_size": cfg.hidden_size,
+      "intermediate_size": cfg.intermediate_size,
+      "num_hidden_layers": cfg.num_layers,
+      "num_attention_heads": cfg.num_heads,
+      "num_key_value_heads": cfg.num_kv_heads,
+      "head_dim": cfg.head_dim,
+      "hidden_act": "silu",
+      "rope_theta": cfg.rope_theta,
+      "rms_norm_eps": cfg.rms_norm_eps,
+      "tie_word_embeddings": cfg.tie_embeddings,
+      "max_position_embeddings": cfg.max_position_embeddings,
+      "torch_dtype": cfg.param_dtype,
+  }
+  if cfg.architecture == "llama":
+    if cfg.qkv_bias:
+      raise CheckpointError("a Llama checkpoint cannot carry QKV biases; use architecture='qwen2'")
+    hf.update(attention_bias=False, mlp_bias=False)
+  elif not cfg.qkv_bias:
+    raise CheckpointError("a Qwen2 checkpoint needs qkv_bias=True; use architecture='llama'")
+  if tokenizer is not None:
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+      value = getattr(tokenizer, name, None)
+      if value is not None:
+        hf[name] = value
+  return hf
+
+
+def _name_map(cfg: ModelConfig) -> dict[tuple, tuple[str, bool]]:
+  """Our parameter path -> (HF tensor name, transposed?). torch Linear is [out, in]."""
+  m: dict[tuple, tuple[str, bool]] = {("embed",): ("model.embed_tokens.weight", False),
+                                      ("final_norm", "scale"): ("model.norm.weight", False)}
+  if not cfg.tie_embeddings:
+    m[("lm_head",)] = ("lm_head.weight", True)
+  for i in range(cfg.num_layers):
+    p = f"model.layers.{i}."
+    m[("layers", i, "attn_norm", "scale")] = (p + "input_layernorm.weight", False)
+    m[("layers", i, "mlp_norm", "scale")] = (p + "post_attention_layernorm.weight", False)
+    for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")):
+      m[("layers", i, "attn", ours)] = (p + f"self_attn.{theirs}.weight", True)
+    if cfg.qkv_bias:
+      for ours, theirs in (("q_bias", "q_proj"), ("k_bias", "k_proj"), ("v_bias", "v_proj")):
+        m[("layers", i, "attn", ours)] = (p + f"self_attn.{theirs}.bias", False)
+    for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+      m[("layers", i, "mlp", ours)] = (p + f"mlp.{theirs}.weight", True)
+  return m
+
+
+def _safetensor_files(path: str) -> dict[str, str]:
+  """Tensor name -> file, from the index if sharded, else from the single file(s)."""
+  from safetensors import safe_open
+
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.exists(index):
+    with open(index) as f:
+      weight_map = json.load(f).get("weight_map")
+    if not isinstance(weight_map, dict):
+      raise CheckpointError(f"{index} has no 'weight_map'")
+    out = {}
+    for name, fname in weight_map.items():
+      full = os.path.join(path, fname)
+      if not os.path.exists(full):
+        raise CheckpointError(f"shard {full} (listed in {index} for {name}) is missing")
+      out[name] = full
+    return out
+  files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+  if not files:
+    raise CheckpointError(f"no *.safetensors file in {path}")
+  out = {}
+  for fname in files:
+    full = os.path.join(path, fname)
+    with safe_open(full, framework="numpy") as f:
+      for name in f.keys():
+        out[name] = full
+  return out
+
+
+def _read_tensor(file: str, name: str) -> np.ndarray:
+  from safetensors import safe_open
+
+  # framework="flax" reads bfloat16 too (numpy has no bf16 of its own).
+  with safe_open(file, framework="flax") as f:
+    return f.get_tensor(name)
+
+
+def load_params(path: str, cfg: ModelConfig) -> Transformer:
+  """Build a Transformer for `cfg` and fill it from the safetensors in `path`."""
+  files = _safetensor_files(path)
+  names = _name_map(cfg)
+  expected = {hf for hf, _ in names.values()}
+  unexpected = [n for n in files if n not in expected and not n.endswith(_IGNORED_SUFFIXES)
+                and not (cfg.tie_embeddings and n == "lm_head.weight")]
+  if unexpected:
+    raise CheckpointError(f"unexpected tensor(s) in {path}: {', '.join(sorted(unexpected)[:10])}"
+                          f"{' ...' if len(unexpected) > 10 else ''}")
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  pure = nnx.to_pure_dict(state)
+  pd = as_dtype(cfg.param_dtype)
+  for ours, (hf_name, transpose) in names.items():
+    if hf_name not in files:
+      raise CheckpointError(f"tensor {hf_name} is missing from {path}")
+    value = _read_tensor(files[hf_name], hf_name)
+    if transpose:
+      value = value.T
+    node = pure
+    for key in ours[:-1]:
+      node = node[key]
+    want = tuple(node[ours[-1]].shape)
+    if tuple(value.shape) != want:
+      raise CheckpointError(
+          f"tensor {hf_name} has shape {tuple(value.shape)}"
+          f"{' (after transpose)' if transpose else ''}, the model expects {want}")
+    node[ours[-1]] = jnp.asarray(value, pd)
+  nnx.replace_by_pure_dict(state, pure)
+  return nnx.merge(graphdef, state)
+
+
+def load(path: str, *, dtype: str = "float32", param_dtype: str | None = None):
+  """A local HF folder -> (model, tokenizer). tokenizer is None if the folder has none."""
+  if not os.path.isdir(path):
+    raise CheckpointError(f"checkpoint folder {path!r} does not exist")
+  cfg_file = os.path.join(path, "config.json")
+  if not os.path.exists(cfg_file):
+    raise CheckpointError(f"{cfg_file} is missing")
+  with open(cfg_file) as f:
+    cfg = config_from_hf(json.load(f), dtype=dtype, param_dtype=param_dtype)
+  model = load_params(path, cfg)
+  return model, load_tokenizer(path)
+
+
+def load_tokenizer(path: str):
+  """The folder's tokenizer through transformers.AutoTokenizer, or None if it has none."""
+  has_tok = any(os.path.exists(os.path.join(path, f))
+                for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json",
+                          "tokenizer.model"))
+  if not has_tok:
+    return None
+  from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+  # A generic tokenizer.json (our task tokenizer) must not be re-read as the
+  # model family's own class, which AutoTokenizer picks from config.json.
+  tok_cfg = os.path.join(path, "tokenizer_config.json")
+  if os.path.exists(tok_cfg):
+    with open(tok_cfg) as f:
+      declared = json.load(f).get("tokenizer_class")
+    if declared in ("PreTrainedTokenizerFast", "TokenizersBackend"):
+      return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+  return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def _hf_tensors(model: Transformer) -> dict[str, jax.Array]:
+  cfg = model.cfg
+  pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  out = {}
+  for ours, (hf_name, transpose) in _name_map(cfg).items():
+    node = pure
+    for key in ours:
+      node = node[key]
+    value = jnp.asarray(node)
+    out[hf_name] = jnp.asarray(value.T if transpose else value)
+  return out
+
+
+def save(model: Transformer, tokenizer, path: str) -> None:
+  """Write `model` (and `tokenizer`, if given) as a HF folder: config.json + model.safetensors.
+
+  Written to a temporary folder first and moved into place, so an
+  interrupted save never leaves a half-written checkpoint at `path`.
+  """
+  from safetensors.flax import save_file
+
+  parent = os.path.dirname(os.path.abspath(path)) or "."
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".tmp-hf-", dir=parent)
+  try:
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+      json.dump(config_to_hf(model.cfg, tokenizer), f, indent=2)
+    tensors = {k: jax.device_get(v) for k, v in _hf_tensors(model).items()}
+    save_file({k: jnp.asarray(v) for k, v in tensors.items()},
+              os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None:
+      tokenizer.save_pretrained(tmp)
+    if os.path.exists(path):
+      old = path.rstrip("/") + ".old"
+      shutil.rmtree(old, ignore_errors=True)
+      os.replace(path, old)
+      os.replace(tmp, path)
+      shutil.rmtree(old, ignore_errors=True)
+    else:
+      os.replace(tmp, path)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise

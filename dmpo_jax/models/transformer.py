@@ -1,0 +1,221 @@
+"""A decoder-only transformer in Flax NNX covering the Llama and Qwen2 families.
+
+RMSNorm, rotary embeddings (HF's rotate-half layout, the config's theta),
+grouped-query attention with an optional explicit KV cache, SwiGLU MLP,
+optional QKV bias, tied or untied embeddings, separate parameter and
+compute dtypes. Every parameter carries logical axis names (`out_sharding`
+metadata) that `dmpo_jax.sharding` maps to mesh axes.
+
+Shapes (STYLE.md 7): B batch, L tokens in this call, S key/cache length,
+D model, F ffn, N query heads, K kv heads, H head dim, V vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dmpo_jax.models.config import ModelConfig, as_dtype
+
+# One layer's cache: {"k": [B, K, S, H], "v": [B, K, S, H]}. The whole cache
+# is a tuple over layers; the write index is passed separately so that the
+# cache stays a plain pytree of arrays.
+Cache = tuple[dict[str, jax.Array], ...]
+
+_NEG_INF = -1e30  # finite: a fully masked row must not produce NaNs
+
+
+def _param(rngs: nnx.Rngs, shape, dtype, names, scale: float | None = None, zeros=False):
+  """A parameter with logical axis names; normal(0, scale) or zeros."""
+  if zeros:
+    value = jnp.zeros(shape, dtype)
+  else:
+    std = scale if scale is not None else 0.02
+    value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+  # eager_sharding=False: the model is built on one device (or abstractly)
+  # and sharded by dmpo_jax.sharding from these names.
+  return nnx.Param(value, out_sharding=names, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, eps: float, param_dtype, *, rngs: nnx.Rngs):
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype), out_sharding=("norm",),
+                           eager_sharding=False)
+    self.eps = eps
+
+  def __call__(self, x):
+    # As HF: normalise in float32, cast back, then scale.
+    dtype = x.dtype
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.scale[...].astype(dtype) * x32.astype(dtype)
+
+
+def rope(x, positions, theta: float):
+  """Rotary embedding, HF layout (halves, not interleaved). x [B, L, *, H], positions [B, L]."""
+  h = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))  # [H/2]
+  freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, L, H/2]
+  cos = jnp.cos(freqs)[:, :, None, :]
+  sin = jnp.sin(freqs)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    pd = as_dtype(cfg.param_dtype)
+    self.cfg = cfg
+    self.q = _param(rngs, (d, n * h), pd, ("embed", "heads"))
+    self.k = _param(rngs, (d, k * h), pd, ("embed", "kv_heads"))
+    self.v = _param(rngs, (d, k * h), pd, ("embed", "kv_heads"))
+    self.o = _param(rngs, (n * h, d), pd, ("heads", "embed"))
+    if cfg.qkv_bias:
+      self.q_bias = _param(rngs, (n * h,), pd, ("heads",), zeros=True)
+      self.k_bias = _param(rngs, (k * h,), pd, ("kv_heads",), zeros=True)
+      self.v_bias = _param(rngs, (k * h,), pd, ("kv_heads",), zeros=True)
+
+  def __call__(self, x, positions, mask, layer_cache=None, cache_index=None):
+    """x [B, L, D]; mask [B, L, S] bool; layer_cache {'k','v': [B, K, S, H]}."""
+    cfg = self.cfg
+    dt = x.dtype
+    b, l, _ = x.shape
+    n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+    def proj(w, bias, heads):
+      y = x @ w[...].astype(dt)
+      if bias is not None:
+        y = y + bias[...].astype(dt)
+      return y.reshape(b, l, heads, h)
+
+    bias = lambda name: getattr(self, name) if cfg.qkv_bias else None
+    q = rope(proj(self.q, bias("q_bias"), n), positions, cfg.rope_theta)  # [B, L, N, H]
+    kk = rope(proj(self.k, bias("k_bias"), k), positions, cfg.rope_theta)  # [B, L, K, H]
+    vv = proj(self.v, bias("v_bias"), k)
+
+    kk = kk.transpose(0, 2, 1, 3)  # [B, K, L, H]: heads lead, as the dots want
+    vv = vv.transpose(0, 2, 1, 3)
+    new_cache = None
+    if layer_cache is not None:
+      # Static-shape cache: write this call's keys at cache_index, attend over all S.
+      idx = (0, 0, cache_index, 0)
+      kk = jax.lax.dynamic_update_slice(layer_cache["k"], kk.astype(layer_cache["k"].dtype), idx)
+      vv = jax.lax.dynamic_update_slice(layer_cache["v"], vv.astype(layer_cache["v"].dtype), idx)
+      new_cache = {"k": kk, "v": vv}
+      kk, vv = kk.astype(dt), vv.astype(dt)
+
+    # Grouped-query attention without repeating K/V: query head n = k * G + g
+    # uses kv head k (HF's repeat_kv order). The G query heads of one kv head
+    # and the L queries share one axis Q = G * L, so each attention is one
+    # 4-D batched dot [B, K, Q, H] x [B, K, S, H] (5-D einsums ran ~4x slower
+    # on XLA:CPU).
+    g = n // k
+    s = kk.shape[2]
+    q = q.reshape(b, l, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * l, h)
+    logits = jnp.einsum("bkqh,bksh->bkqs", q, kk,
+                        preferred_element_type=jnp.float32) * (h ** -0.5)
+    qmask = jnp.broadcast_to(mask[:, None, None], (b, 1, g, l, s)).reshape(b, 1, g * l, s)
+    logits = jnp.where(qmask, logits, _NEG_INF)
+    probs = jax.nn.softmax(logits, axis=-1).astype(dt)  # float32 softmax
+    out = jnp.einsum("bkqs,bksh->bkqh", probs, vv)  # [B, K, G*L, H]
+    out = out.reshape(b, k, g, l, h).transpose(0, 3, 1, 2, 4).reshape(b, l, n * h)
+    return out @ self.o[...].astype(dt), new_cache
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    pd = as_dtype(cfg.param_dtype)
+    self.gate = _param(rngs, (d, f), pd, ("embed", "mlp"))
+    self.up = _param(rngs, (d, f), pd, ("embed", "mlp"))
+    self.down = _param(rngs, (f, d), pd, ("mlp", "embed"))
+
+  def __call__(self, x):
+    dt = x.dtype
+    g = x @ self.gate[...].astype(dt)
+    u = x @ self.up[...].astype(dt)
+    return (jax.nn.silu(g) * u) @ self.down[...].astype(dt)
+
+
+class Block(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    pd = as_dtype(cfg.param_dtype)
+    self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs=rngs)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs=rngs)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x, positions, mask, layer_cache=None, cache_index=None):
+    a, new_cache = self.attn(self.attn_norm(x), positions, mask, layer_cache, cache_index)
+    x = x + a
+    x = x + self.mlp(self.mlp_norm(x))
+    return x, new_cache
+
+
+class Transformer(nnx.Module):
+  """Decoder-only LM. `model(tokens)` -> logits [B, L, V] with positions 0..L-1."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    pd = as_dtype(cfg.param_dtype)
+    self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), pd, ("vocab", "embed"))
+    self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs=rngs)
+    if not cfg.tie_embeddings:
+      self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), pd, ("embed", "vocab"))
+
+  def init_cache(self, batch: int, length: int, dtype=None) -> Cache:
+    """A zero KV cache of S = length slots for B = batch rows."""
+    cfg = self.cfg
+    dtype = as_dtype(cfg.dtype) if dtype is None else dtype
+    shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
+    return tuple({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+                 for _ in range(cfg.num_layers))
+
+  def hidden(self, tokens, positions=None, *, mask=None, cache: Cache | None = None,
+             cache_index=None):
+    """Final-norm hidden states [B, L, D] (and the updated cache if one is given)."""
+    b, l = tokens.shape
+    dt = as_dtype(self.cfg.dtype)
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+    if mask is None:
+      if cache is not None:
+        raise ValueError("a mask [B, L, S] is required when a cache is given")
+      mask = jnp.broadcast_to(jnp.tril(jnp.ones((l, l), bool)), (b, l, l))
+    if cache is not None and cache_index is None:
+      raise ValueError("cache_index is required when a cache is given")
+    x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
+    new_cache = []
+    for i, layer in enumerate(self.layers):
+      x, c = layer(x, positions, mask, None if cache is None else cache[i], cache_index)
+      new_cache.append(c)
+    x = self.final_norm(x)
+    return x, (None if cache is None else tuple(new_cache))
+
+  def unembed(self, x):
+    """Hidden [.., D] -> logits [.., V] in float32."""
+    w = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+    return jnp.matmul(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+
+  def __call__(self, tokens, positions=None, *, mask=None, cache: Cache | None = None,
+               cache_index=None) -> Any:
+    """tokens [B, L] int32 -> logits [B, L, V] float32; with a cache: (logits, new cache).
+
+    positions [B, L] (default 0..L-1); mask [B, L, S] bool, True where query l
+    may attend key s (default causal over this call's tokens); cache a tuple of
+    {'k', 'v': [B, K, S, H]} written at slot `cache_index` (a scalar).
+    """
+    x, new_cache = self.hidden(tokens, positions, mask=mask, cache=cache,
+                               cache_index=cache_index)
+    logits = self.unembed(x)
+    return logits if cache is None else (logits, new_cache)

@@ -1,0 +1,210 @@
+"""A jitted sampler: one prefill, then one `lax.while_loop` decode over a static KV cache.
+
+Prompts of different lengths are left-padded to a common length P, so every
+row writes its next key/value at the same cache slot (one
+`dynamic_update_slice` for the whole batch) while its RoPE position counts
+only its own tokens. The cache has S = P + T slots (T = max_new_tokens).
+The loop stops when every row has emitted EOS (or a stop token) or T tokens.
+
+Log-probs are float32 log_softmax(logits / temperature) at the sampled token,
+the quantity the update recomputes under the current parameters (top-k /
+top-p truncation shapes what is sampled, not the reported log-prob). Greedy
+rows report log_softmax(logits).
+
+Shapes (STYLE.md 7): B rows (prompts x samples), P prompt, T new tokens,
+S = P + T cache slots, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+
+@struct.dataclass
+class Rollout:
+  tokens: jax.Array  # [B, T] int32, pad after the end
+  mask: jax.Array  # [B, T] int32 0/1: 1 on generated tokens up to and including EOS
+  logprobs: jax.Array  # [B, T] float32, 0 where mask is 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """Static settings of one compiled sampler (hashable: a jit static argument)."""
+
+  max_new_tokens: int
+  temperature: float = 1.0
+  top_k: int = 0  # 0: off
+  top_p: float = 1.0  # 1.0: off
+  greedy: bool = False
+  eos_id: int | None = None
+  stop_ids: tuple[int, ...] = ()
+  pad_id: int = 0
+
+  def __post_init__(self):
+    if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+      raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
+    if not self.greedy and not self.temperature > 0:
+      raise ValueError(f"temperature must be > 0 unless greedy=True, got {self.temperature}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
+
+  @property
+  def end_ids(self) -> tuple[int, ...]:
+    return tuple(self.stop_ids) + (() if self.eos_id is None else (self.eos_id,))
+
+
+@struct.dataclass
+class _LoopState:
+  t: jax.Array  # scalar int32: tokens sampled so far
+  logits: jax.Array  # [B, V] float32: next-token logits
+  cache: tuple  # per layer {'k', 'v': [B, K, S, H]}
+  tokens: jax.Array  # [B, T]
+  logprobs: jax.Array  # [B, T]
+  done: jax.Array  # [B] bool
+  rng: jax.Array
+
+
+def truncate_logits(logits, top_k: int, top_p: float):
+  """Mask logits [B, V] outside the top-k and the top-p nucleus to -inf (static k, p)."""
+  neg = jnp.finfo(logits.dtype).min
+  if top_k and top_k < logits.shape[-1]:
+    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, neg, logits)
+  if top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    # Keep a token while the mass strictly before it is < p: the smallest
+    # prefix whose mass reaches p (the top token is always kept).
+    before = jnp.cumsum(probs, axis=-1) - probs
+    keep = before < top_p
+    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, neg, logits)
+  return logits
+
+
+def _sample_token(logits, rng, cfg: SamplingConfig):
+  """logits [B, V] float32 -> (token [B], logprob [B])."""
+  if cfg.greedy:
+    tok = jnp.argmax(logits, axis=-1)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+  else:
+    scaled = logits / cfg.temperature
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    tok = jax.random.categorical(rng, truncate_logits(scaled, cfg.top_k, cfg.top_p), axis=-1)
+  tok = tok.astype(jnp.int32)
+  return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
+
+
+def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig):
+  """Pure: (params, left-padded prompts [B, P], mask [B, P], rng) -> Rollout."""
+  model = nnx.merge(graphdef, params)
+  b, p = prompt_tokens.shape
+  t_max = cfg.max_new_tokens
+  s = p + t_max
+  slots = jnp.arange(s)
+  # Keys a row may ever see: its real prompt tokens and everything generated.
+  key_valid = jnp.concatenate([prompt_mask.astype(bool), jnp.ones((b, t_max), bool)], axis=1)
+  prompt_len = prompt_mask.sum(axis=1).astype(jnp.int32)  # [B]
+
+  # Prefill: all P prompt slots at once.
+  positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0).astype(jnp.int32)
+  mask = key_valid[:, None, :] & (slots[None, None, :] <= jnp.arange(p)[None, :, None])
+  cache = model.init_cache(b, s)
+  logits, cache = model(prompt_tokens, positions, mask=mask, cache=cache, cache_index=0)
+
+  end_ids = jnp.asarray(cfg.end_ids or (-1,), jnp.int32)
+
+  def cond(st: _LoopState):
+    return (st.t < t_max) & ~jnp.all(st.done)
+
+  def body(st: _LoopState):
+    rng, sub = jax.random.split(st.rng)
+    tok, logp = _sample_token(st.logits, sub, cfg)
+    tok = jnp.where(st.done, cfg.pad_id, tok)
+    logp = jnp.where(st.done, 0.0, logp)
+    tokens = jax.lax.dynamic_update_slice(st.tokens, tok[:, None], (0, st.t))
+    logprobs = jax.lax.dynamic_update_slice(st.logprobs, logp[:, None], (0, st.t))
+    done = st.done | jnp.any(tok[:, None] == end_ids[None, :], axis=1)
+    # Feed the token just sampled at slot P + t to get the next logits.
+    step_mask = (key_valid & (slots[None, :] <= p + st.t))[:, None, :]
+    pos = (prompt_len + st.t)[:, None]
+    next_logits, cache = model(tok[:, None], pos, mask=step_mask, cache=st.cache,
+                               cache_index=p + st.t)
+    return _LoopState(t=st.t + 1, logits=next_logits[:, 0], cache=cache, tokens=tokens,
+                      logprobs=logprobs, done=done, rng=rng)
+
+  init = _LoopState(
+      t=jnp.zeros((), jnp.int32), logits=logits[:, -1], cache=cache,
+      tokens=jnp.full((b, t_max), cfg.pad_id, jnp.int32),
+      logprobs=jnp.zeros((b, t_max), jnp.float32),
+      done=jnp.zeros((b,), bool), rng=rng)
+  st = jax.lax.while_loop(cond, body, init)
+  # Valid = generated before the row ended, the ending token included.
+  is_end = jnp.any(st.tokens[..., None] == end_ids, axis=-1)
+  ended_before = jnp.cumsum(is_end, axis=1) - is_end
+  mask = ((ended_before == 0) & (jnp.arange(t_max)[None, :] < st.t)).astype(jnp.int32)
+  return Rollout(tokens=jnp.where(mask > 0, st.tokens, cfg.pad_id), mask=mask,
+                 logprobs=st.logprobs * mask)
+
+
+# One compiled sampler per (model structure, settings); shapes retrace inside jit.
+sample = jax.jit(_generate, static_argnums=(0, 5))
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], num_samples: int = 1,
+                prompt_length: int | None = None, pad_id: int = 0):
+  """Ragged prompts -> left-padded tokens [B, P] and mask [B, P], each prompt repeated
+  num_samples times (the samples of one prompt adjacent). P = prompt_length or the longest."""
+  if len(prompts) == 0:
+    raise ValueError("prompts is empty")
+  lengths = [len(x) for x in prompts]
+  if min(lengths) == 0:
+    raise ValueError(f"prompt {lengths.index(0)} is empty; every prompt needs >= 1 token")
+  p = max(lengths) if prompt_length is None else prompt_length
+  if max(lengths) > p:
+    raise ValueError(f"prompt {int(np.argmax(lengths))} has {max(lengths)} tokens, longer "
+                     f"than prompt_length={p}")
+  tokens = np.full((len(prompts), p), pad_id, np.int32)
+  mask = np.zeros((len(prompts), p), np.int32)
+  for i, x in enumerate(prompts):
+    tokens[i, p - len(x):] = np.asarray(x, np.int32)
+    mask[i, p - len(x):] = 1
+  return np.repeat(tokens, num_samples, axis=0), np.repeat(mask, num_samples, axis=0)
+
+
+def generate(model, prompts: Sequence[Sequence[int]], *, rng, max_new_tokens: int,
+             num_samples: int = 1, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, eos_id: int | None = None, stop_ids: Sequence[int] = (),
+             greedy: bool = False, pad_id: int = 0, prompt_length: int | None = None,
+             max_length: int | None = None) -> Rollout:
+  """Sample `num_samples` completions for each prompt (a list of token-id lists).
+
+  Returns a Rollout with tokens, mask and float32 log-probs, all [B, T],
+  B = len(prompts) * num_samples with the samples of one prompt adjacent.
+  `prompt_length` pads every call to one P (no recompilation across calls);
+  `max_length` is the cache size the prompt plus new tokens must fit in
+  (default: the model's max_position_embeddings).
+  """
+  cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=float(temperature),
+                       top_k=int(top_k), top_p=float(top_p), greedy=bool(greedy),
+                       eos_id=eos_id, stop_ids=tuple(int(x) for x in stop_ids),
+                       pad_id=int(pad_id))
+  if num_samples < 1:
+    raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+  tokens, mask = pad_prompts(prompts, num_samples, prompt_length, pad_id)
+  limit = max_length if max_length is not None else model.cfg.max_position_embeddings
+  if tokens.shape[1] + max_new_tokens > limit:
+    raise ValueError(
+        f"prompt length {tokens.shape[1]} + max_new_tokens {max_new_tokens} = "
+        f"{tokens.shape[1] + max_new_tokens} exceeds the cache length {limit}")
+  graphdef, params = nnx.split(model)
+  return sample(graphdef, params, jnp.asarray(tokens), jnp.asarray(mask), rng, cfg)

@@ -1,0 +1,35 @@
+"""dmpo_jax: RL on language models without mode collapse (DMPO, DPH-RL) in JAX/Flax NNX."""
+from setuptools import find_packages, setup
+
+setup(
+    name="dmpo_jax",
+    version="0.1.0",
+    description="DMPO and DPH-RL on JAX/Flax NNX, with NP-Bench tasks.",
+    packages=find_packages(include=["dmpo_jax", "dmpo_jax.*"]),
+    python_requires=">=3.11",
+    install_requires=[
+        "jax",
+        "flax>=0.12.4",
+        "optax",
+        "orbax-checkpoint",
+        "ml_collections",
+        "absl-py",
+        "transformers",
+        "safetensors",
+        "tokenizers",
+        "numpy",
+        "tqdm",
+        "matplotlib",
+        "pillow",
+    ],
+    extras_require={
+        "test": [
+            "pytest",
+            "chex",
+            "hypothesis",
+            # Only the reference in parity tests; the CPU wheel of this pin is on disk.
+            "torch==2.13.0",
+        ],
+        "exact": ["ortools"],
+    },
+)

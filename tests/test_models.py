@@ -1,0 +1,216 @@
+"""The model: parity with transformers, cache/padding invariances, HF round trips, bad input."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dmpo_jax.models import hf
+from dmpo_jax.models import tokenizer as task_tokenizer
+from tests.helpers import tiny_hf, tiny_model
+
+
+def _left_padded(ids, lengths):
+  """Rows of `ids` truncated to `lengths`, left-padded: tokens, mask, positions."""
+  b, l = ids.shape
+  tokens = np.zeros_like(ids)
+  mask = np.zeros((b, l), np.int64)
+  for i, n in enumerate(lengths):
+    tokens[i, l - n:] = ids[i, :n]
+    mask[i, l - n:] = 1
+  positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
+  return tokens, mask, positions
+
+
+def _our_logits(model, tokens, mask, positions):
+  l = tokens.shape[1]
+  attn = (np.tril(np.ones((l, l), bool))[None] & mask[:, None, :].astype(bool))
+  return np.asarray(model(jnp.asarray(tokens, jnp.int32), jnp.asarray(positions, jnp.int32),
+                          mask=jnp.asarray(attn)))
+
+
+@pytest.mark.parametrize("arch,tie", [("qwen2", False), ("llama", True), ("llama", False)])
+def test_parity_with_transformers_on_padded_batch(tmp_path, arch, tie):
+  import torch
+
+  ref_model = tiny_hf(tmp_path, arch, tie=tie)
+  model, tok = hf.load(str(tmp_path))
+  assert tok is None  # the folder has no tokenizer files
+  assert model.cfg.qkv_bias == (arch == "qwen2")
+  ids = np.random.RandomState(1).randint(0, 97, (3, 12))
+  tokens, mask, positions = _left_padded(ids, [12, 8, 3])
+  with torch.no_grad():
+    ref = ref_model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
+                    position_ids=torch.tensor(positions)).logits.numpy()
+  ours = _our_logits(model, tokens, mask, positions)
+  valid = mask.astype(bool)
+  np.testing.assert_allclose(ours[valid], ref[valid], atol=1e-4, rtol=0)
+  # The unmasked, unpadded call of the public API: positions 0..L-1, causal.
+  with torch.no_grad():
+    ref_full = ref_model(input_ids=torch.tensor(ids)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(model(jnp.asarray(ids, jnp.int32))), ref_full,
+                             atol=1e-4, rtol=0)
+
+
+def test_padding_does_not_change_results():
+  model = tiny_model(scale=5.0)
+  ids = np.random.RandomState(0).randint(3, 61, (1, 9))
+  alone = np.asarray(model(jnp.asarray(ids, jnp.int32)))[0]
+  batch = np.concatenate([ids, np.random.RandomState(1).randint(3, 61, (1, 9))])
+  tokens, mask, positions = _left_padded(np.pad(batch, ((0, 0), (0, 4))), [9, 13])
+  padded = _our_logits(model, tokens, mask, positions)[0, 4:]
+  np.testing.assert_allclose(padded, alone, atol=1e-5)
+
+
+def test_cache_equals_no_cache_and_prefill_plus_decode_equals_full_forward():
+  model = tiny_model(scale=3.0)
+  b, l, p = 2, 10, 6
+  ids = jnp.asarray(np.random.RandomState(2).randint(3, 61, (b, l)), jnp.int32)
+  full = np.asarray(model(ids))
+  cache = model.init_cache(b, l)
+  slots = jnp.arange(l)
+  mask = jnp.broadcast_to(slots[None, None, :] <= jnp.arange(p)[None, :, None], (b, p, l))
+  logits, cache = model(ids[:, :p], mask=mask, cache=cache, cache_index=0)
+  steps = [np.asarray(logits)]
+  for t in range(p, l):
+    pos = jnp.full((b, 1), t, jnp.int32)
+    m = jnp.broadcast_to(slots <= t, (b, 1, l))
+    logits, cache = model(ids[:, t:t + 1], pos, mask=m, cache=cache, cache_index=t)
+    steps.append(np.asarray(logits))
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_bfloat16_compute_is_close_to_float32():
+  model = tiny_model(scale=3.0)
+  ids = jnp.asarray(np.random.RandomState(3).randint(3, 61, (2, 8)), jnp.int32)
+  ref = np.asarray(model(ids))
+  graphdef, state = nnx.split(model)
+  bf = nnx.merge(graphdef, state)
+  bf.cfg = model.cfg.replace(dtype="bfloat16")
+  for blk in bf.layers:
+    blk.attn.cfg = bf.cfg
+  out = np.asarray(bf(ids))
+  assert out.dtype == np.float32
+  # bf16 has 8 bits of mantissa: about 1% relative error per op.
+  scale = np.abs(ref).max()
+  assert np.abs(out - ref).max() < 0.05 * scale
+  assert np.abs(out - ref).max() > 0  # it really computed in bf16
+
+
+def test_save_round_trip_opens_in_transformers(tmp_path):
+  import torch
+  import transformers
+
+  model = tiny_model(seed=4, scale=2.0)
+  tok = task_tokenizer.build()
+  out = tmp_path / "export"
+  hf.save(model, tok, str(out))
+  assert sorted(os.listdir(tmp_path)) == ["export"]  # no temp folder left behind
+  ref = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+  ids = np.random.RandomState(5).randint(3, 61, (2, 7))
+  with torch.no_grad():
+    theirs = ref(input_ids=torch.tensor(ids)).logits.numpy()
+  ours = np.asarray(model(jnp.asarray(ids, jnp.int32)))
+  np.testing.assert_allclose(ours, theirs, atol=1e-4)
+  again, tok2 = hf.load(str(out))
+  np.testing.assert_array_equal(np.asarray(again(jnp.asarray(ids, jnp.int32))), ours)
+  assert tok2.decode(tok2.encode("Answer: [1, 2]")) == "Answer: [1, 2]"
+  # Saving over an existing export replaces it whole.
+  hf.save(again, None, str(out))
+  assert not (out / "tokenizer.json").exists()
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+  import torch
+
+  ref_model = tiny_hf(tmp_path, "qwen2", max_shard_size="20KB")
+  # Re-save with small shards (transformers picks the index format).
+  ref_model.save_pretrained(tmp_path, max_shard_size="20KB")
+  assert (tmp_path / "model.safetensors.index.json").exists()
+  model, _ = hf.load(str(tmp_path))
+  ids = np.arange(8)[None] % 97
+  with torch.no_grad():
+    ref = ref_model(input_ids=torch.tensor(ids)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(model(jnp.asarray(ids, jnp.int32))), ref, atol=1e-4)
+
+
+def test_bad_checkpoints_name_the_problem(tmp_path):
+  from safetensors.numpy import load_file, save_file
+
+  with pytest.raises(hf.CheckpointError, match="does not exist"):
+    hf.load(str(tmp_path / "nowhere"))
+  tiny_hf(tmp_path, "qwen2")
+  cfg = json.loads((tmp_path / "config.json").read_text())
+
+  bad = dict(cfg, model_type="gpt2")
+  (tmp_path / "config.json").write_text(json.dumps(bad))
+  with pytest.raises(hf.CheckpointError, match="unsupported architecture.*gpt2"):
+    hf.load(str(tmp_path))
+  (tmp_path / "config.json").write_text(json.dumps(cfg))
+
+  weights = tmp_path / "model.safetensors"
+  tensors = load_file(str(weights))
+  name = "model.layers.1.mlp.up_proj.weight"
+  missing = {k: v for k, v in tensors.items() if k != name}
+  save_file(missing, str(weights))
+  with pytest.raises(hf.CheckpointError, match=f"{name} is missing"):
+    hf.load(str(tmp_path))
+
+  wrong = dict(tensors, **{name: np.zeros((96, 65), np.float32)})
+  save_file(wrong, str(weights))
+  with pytest.raises(hf.CheckpointError, match=rf"{name} has shape \(65, 96\).*expects \(64, 96\)"):
+    hf.load(str(tmp_path))
+
+  extra = dict(tensors, **{"model.layers.9.surprise.weight": np.zeros(3, np.float32)})
+  save_file(extra, str(weights))
+  with pytest.raises(hf.CheckpointError, match="unexpected tensor.*surprise"):
+    hf.load(str(tmp_path))
+
+  os.remove(weights)
+  with pytest.raises(hf.CheckpointError, match="no \\*.safetensors"):
+    hf.load(str(tmp_path))
+  os.remove(tmp_path / "config.json")
+  with pytest.raises(hf.CheckpointError, match="config.json is missing"):
+    hf.load(str(tmp_path))
+
+
+def test_model_config_refuses_bad_shapes():
+  from dmpo_jax.models.config import ModelConfig
+
+  with pytest.raises(ValueError, match="num_heads .* multiple of num_kv_heads"):
+    ModelConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=3,
+                num_kv_heads=2)
+  with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
+    ModelConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2,
+                num_kv_heads=2, dtype="fp8")
+
+
+def test_parameters_carry_logical_axes():
+  model = tiny_model()
+  specs = nnx.get_partition_spec(nnx.state(model, nnx.Param))
+  flat = {"/".join(map(str, k)): v for k, v in nnx.to_flat_state(specs)}
+  assert flat["embed"].get_value() == jax.sharding.PartitionSpec("vocab", "embed")
+  assert flat["layers/0/attn/q"].get_value() == jax.sharding.PartitionSpec("embed", "heads")
+  assert flat["layers/1/mlp/down"].get_value() == jax.sharding.PartitionSpec("mlp", "embed")
+  # Every parameter is named, none left to default replication by accident.
+  for path, spec in flat.items():
+    assert len(spec.get_value()) >= 1, path
+
+
+def test_task_tokenizer_round_trip(tmp_path):
+  from transformers import PreTrainedTokenizerFast
+
+  tok = task_tokenizer.build(str(tmp_path))
+  again = task_tokenizer.load(str(tmp_path))
+  assert isinstance(again, PreTrainedTokenizerFast)
+  text = "TSP n=4 dist 0 12 7\nAnswer: [0, 12, 3, 0] Impossible"
+  ids = again.encode(text)
+  assert again.decode(ids) == text
+  assert ids == tok.encode(text)
+  assert len(ids) < len(text)  # task words are single tokens
+  assert again.convert_ids_to_tokens(again.encode("12")) == ["1", "2"]  # digit by digit
+  assert again.eos_token_id is not None and again.pad_token_id == 0
