@@ -1,0 +1,155 @@
+"""Sampler throughput: our jitted sampler vs transformers' generate, same weights and shapes.
+
+    python benchmarks/sampler.py                      # the issue's Qwen2-shaped model
+    python benchmarks/sampler.py --config path/to/config.json --batch 8 --samples 8
+
+Builds a model from a HF config.json with random weights (no hub), samples
+`batch x samples` completions of `new_tokens` tokens from prompts of
+`prompt_len` tokens with our sampler and with transformers' `generate`
+(PyTorch, CPU, sampling, per-token scores kept), and prints tokens/s for
+both, the ratio, and the fraction of the compute bound reached (decode FLOPs
+over the matmul rate measured in the same run). EOS is disabled so both
+generate exactly the same number of tokens. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+DEFAULT_CONFIG = dict(
+    architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=512, hidden_size=256,
+    intermediate_size=704, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6,
+    tie_word_embeddings=False, hidden_act="silu")
+
+
+def matmul_rate(n: int = 1024, reps: int = 20) -> float:
+  """Measured XLA float32 matmul FLOP/s on this machine (n x n x n)."""
+  import jax
+  import jax.numpy as jnp
+
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  f(a).block_until_ready()
+  t = time.perf_counter()
+  for _ in range(reps):
+    out = f(a)
+  out.block_until_ready()
+  return 2 * n**3 * reps / (time.perf_counter() - t)
+
+
+def decode_flops(cfg, rows: int, prompt_len: int, new_tokens: int) -> float:
+  """Matmul FLOPs of decoding: weights 2 * params per token, plus attention over the cache."""
+  d, f, h = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+  n, k, layers = cfg.num_heads, cfg.num_kv_heads, cfg.num_layers
+  per_token = 2 * layers * (d * n * h * 2 + d * k * h * 2 + 3 * d * f) + 2 * d * cfg.vocab_size
+  attn = sum(4 * layers * n * h * (prompt_len + t + 1) for t in range(new_tokens))
+  return rows * (per_token * new_tokens + attn)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--config", help="a HF config.json (default: the Qwen2-shaped test model)")
+  ap.add_argument("--batch", type=int, default=8, help="prompts")
+  ap.add_argument("--samples", type=int, default=8, help="samples per prompt")
+  ap.add_argument("--prompt_len", type=int, default=64)
+  ap.add_argument("--new_tokens", type=int, default=128)
+  ap.add_argument("--reps", type=int, default=3)
+  ap.add_argument("--skip_torch", action="store_true")
+  args = ap.parse_args(argv)
+
+  import jax
+
+  from dmpo_jax.models import hf
+  from dmpo_jax import sampling
+
+  hf_cfg = DEFAULT_CONFIG
+  if args.config:
+    with open(args.config) as fh:
+      hf_cfg = json.load(fh)
+  rows = args.batch * args.samples
+  tmp = tempfile.mkdtemp(prefix="bench-sampler-")
+  rng = np.random.RandomState(0)
+  prompts = rng.randint(3, hf_cfg["vocab_size"], (args.batch, args.prompt_len))
+
+  # One set of random weights for both: built by transformers, loaded by us.
+  torch_tps = None
+  if not args.skip_torch:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count() or 1)
+    tcfg = transformers.AutoConfig.for_model(**hf_cfg)
+    tmodel = transformers.AutoModelForCausalLM.from_config(tcfg).eval()
+    tmodel.save_pretrained(tmp)
+    ids = torch.tensor(np.repeat(prompts, args.samples, axis=0))
+    gen_kw = dict(do_sample=True, max_new_tokens=args.new_tokens,
+                  min_new_tokens=args.new_tokens, output_scores=True,
+                  return_dict_in_generate=True, top_k=0, top_p=1.0, temperature=1.0,
+                  pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+      tmodel.generate(ids[:, :8], **dict(gen_kw, max_new_tokens=4, min_new_tokens=4))
+      times = []
+      for _ in range(args.reps):
+        t = time.perf_counter()
+        out = tmodel.generate(ids, **gen_kw)
+        times.append(time.perf_counter() - t)
+    assert out.sequences.shape[1] == args.prompt_len + args.new_tokens
+    torch_tps = rows * args.new_tokens / min(times)
+  else:
+    from dmpo_jax.models.transformer import Transformer
+    from flax import nnx
+
+    cfg = hf.config_from_hf(hf_cfg)
+    hf.save(Transformer(cfg, rngs=nnx.Rngs(0)), None, tmp)
+
+  model, _ = hf.load(tmp)
+  cfg = model.cfg
+  plist = [list(p) for p in prompts]
+  gen = lambda key: sampling.generate(model, plist, rng=key, max_new_tokens=args.new_tokens,
+                                      num_samples=args.samples)
+  t = time.perf_counter()
+  gen(jax.random.key(0)).tokens.block_until_ready()
+  compile_s = time.perf_counter() - t
+  times = []
+  for i in range(args.reps):
+    t = time.perf_counter()
+    out = gen(jax.random.key(i + 1))
+    out.tokens.block_until_ready()
+    times.append(time.perf_counter() - t)
+  assert int(out.mask.sum()) == rows * args.new_tokens
+  ours_tps = rows * args.new_tokens / min(times)
+
+  rate = matmul_rate()
+  flops = decode_flops(cfg, rows, args.prompt_len, args.new_tokens)
+  bound_frac = flops / min(times) / rate
+
+  print(f"model: {cfg.num_layers} layers, D={cfg.hidden_size}, F={cfg.intermediate_size}, "
+        f"N={cfg.num_heads}, K={cfg.num_kv_heads}, V={cfg.vocab_size}; "
+        f"{args.batch} prompts x {args.samples} samples, prompt {args.prompt_len}, "
+        f"{args.new_tokens} new tokens; backend {jax.default_backend()}")
+  print(f"{'':28s}{'tokens/s':>12s}")
+  print(f"{'dmpo_jax sampler':28s}{ours_tps:12.0f}   (first call incl. compile {compile_s:.1f} s)")
+  if torch_tps:
+    print(f"{'transformers generate':28s}{torch_tps:12.0f}")
+    print(f"{'ratio (ours / transformers)':28s}{ours_tps / torch_tps:12.2f}")
+  print(f"matmul rate measured: {rate / 1e9:.1f} GFLOP/s; decode at "
+        f"{flops / min(times) / 1e9:.1f} GFLOP/s = {100 * bound_frac:.1f}% of the compute bound")
+  print(json.dumps({"ours_tokens_per_s": round(ours_tps, 1),
+                    "transformers_tokens_per_s": None if torch_tps is None else round(torch_tps, 1),
+                    "ratio": None if torch_tps is None else round(ours_tps / torch_tps, 3),
+                    "matmul_gflops": round(rate / 1e9, 2),
+                    "compute_bound_fraction": round(bound_frac, 4),
+                    "backend": jax.default_backend()}))
+
+
+if __name__ == "__main__":
+  sys.exit(main())
