@@ -1,0 +1,190 @@
+"""Algorithm presets as combinations of loss terms, and the one loss builder.
+
+A preset is a set of ObjectiveConfig fields (the papers' defaults); any
+field can be overridden. `build_loss(cfg, logprob_fn)` returns
+`loss_fn(params, batch) -> (loss, metrics)`:
+
+  batch["seqs"]          whatever logprob_fn needs for the RL samples
+  batch["mask"]          [..., G, T] valid completion tokens
+  batch["old_logprobs"]  [..., G, T] from the sampler (pi_old)
+  batch["rewards"]       [..., G] raw rewards
+  batch["ref_logprobs"]  [..., G, T] reference policy (kl_coef > 0, flowrl)
+  batch["dph_seqs"], batch["dph_ref_logprobs"], batch["dph_mask"]
+                         stored reference samples (dph_* presets)
+
+`logprob_fn(params, seqs) -> {"logprobs": [..., G, T], "entropy"?: [..., G, T],
+"log_z"?: [...]}` is the trainer's: the objectives never reach into the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from dmpo_jax.objectives import common, divergences, dmpo, flowrl, grpo, kl
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveConfig:
+  advantage: str = "grpo"  # grpo | dr_grpo | rloo
+  unbiased_std: bool = False  # GRPO std over G - 1 (verl) instead of G
+  adv_eps: float = 1e-6
+  policy_loss: str = "ppo_clip"  # ppo_clip | gspo | gpg | flowrl
+  eps_low: float = 0.2
+  eps_high: float = 0.2
+  dual_clip: float | None = None
+  agg: str = "seq_mean_token_mean"
+  agg_norm: float | None = None  # seq_mean_token_sum_norm constant (default T)
+  kl_coef: float = 0.0  # reverse-KL penalty to a reference on RL samples
+  kl_estimator: str = "k3"
+  kl_in_reward: bool = False  # subtract kl_coef * sum k1 from rewards instead
+  dm_coef: float = 0.0  # DMPO lambda
+  dm_alpha: float = 1.0  # DMPO Boltzmann temperature
+  divergence: str | None = None  # DPH-RL f-divergence on stored reference samples
+  div_coef: float = 0.0  # DPH-RL eta
+  div_alpha: float = 0.2  # alpha of the alpha-divergence
+  flowrl_beta: float = 15.0
+  dynamic_sampling: bool = False  # DAPO: keep groups with 0 < #correct < G
+  overlong_cache: int = 0  # DAPO soft overlong band (tokens); 0 = off
+
+  def __post_init__(self):
+    choices = {"advantage": ("grpo", "dr_grpo", "rloo"),
+               "policy_loss": ("ppo_clip", "gspo", "gpg", "flowrl"),
+               "agg": common.AGGREGATIONS, "kl_estimator": tuple(kl.ESTIMATORS)}
+    for field, valid in choices.items():
+      if getattr(self, field) not in valid:
+        raise ValueError(f"objective.{field}={getattr(self, field)!r} is not one of {valid}")
+    for field in ("kl_coef", "dm_coef", "div_coef"):
+      if getattr(self, field) < 0:
+        raise ValueError(f"objective.{field} must be >= 0, got {getattr(self, field)}")
+    if not self.dm_alpha > 0:
+      raise ValueError(f"objective.dm_alpha must be > 0, got {self.dm_alpha}")
+    if self.divergence is not None:
+      self.make_divergence()  # validates the name and its parameters
+
+  def make_divergence(self):
+    params = {"alpha": self.div_alpha} if self.divergence == "alpha" else {}
+    return divergences.get(self.divergence, **params)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Shao et al. 2024 (DeepSeekMath): PPO-clip on group-normalised advantages.
+    "grpo": {},
+    # Liu et al. 2025 (Understanding R1-Zero): no std, no length normalisation.
+    "dr_grpo": {"advantage": "dr_grpo", "agg": "seq_mean_token_sum_norm"},
+    # Yu et al. 2025: clip-higher, token-mean, dynamic sampling, overlong shaping.
+    "dapo": {"eps_high": 0.28, "agg": "token_mean", "dynamic_sampling": True,
+             "overlong_cache": 16},
+    # Zheng et al. 2025: sequence-level ratio with a tight clip.
+    "gspo": {"policy_loss": "gspo", "eps_low": 3e-4, "eps_high": 4e-4},
+    # Chu et al. 2025: plain policy gradient, B/(B-M) rescaling.
+    "gpg": {"policy_loss": "gpg", "advantage": "dr_grpo"},
+    # Zhu et al. 2025: trajectory balance with a learned log Z.
+    "flowrl": {"policy_loss": "flowrl"},
+    # DMPO (seeds 000/002/003): GRPO + lambda * L_DM.
+    "dmpo": {"dm_coef": 0.5, "dm_alpha": 1.0},
+    # DPH-RL (seed 004): GRPO on D_exp + eta * D_f on stored D_pef samples.
+    "dph_f": {"divergence": "forward_kl", "div_coef": 0.05},
+    "dph_js": {"divergence": "js", "div_coef": 0.2},
+    "dph_alpha": {"divergence": "alpha", "div_alpha": 0.2, "div_coef": 0.05},
+    # Reverse-KL baseline of DPH-RL: k3 to an online reference, coefficient 0.01.
+    "rkl": {"kl_coef": 0.01, "kl_estimator": "k3"},
+}
+
+
+def preset_names() -> list[str]:
+  return sorted(PRESETS)
+
+
+def objective_config(preset: str = "dmpo", **overrides) -> ObjectiveConfig:
+  """The preset's ObjectiveConfig with `overrides` applied; unknown names list the choices."""
+  if preset not in PRESETS:
+    raise ValueError(f"unknown preset {preset!r}; choose one of {preset_names()}")
+  fields = {f.name for f in dataclasses.fields(ObjectiveConfig)}
+  unknown = sorted(set(overrides) - fields)
+  if unknown:
+    raise ValueError(f"unknown objective field(s) {unknown}; valid fields: {sorted(fields)}")
+  return ObjectiveConfig(**{**PRESETS[preset], **overrides})
+
+
+def advantages(cfg: ObjectiveConfig, rewards):
+  if cfg.advantage == "grpo":
+    return grpo.group_advantages(rewards, eps=cfg.adv_eps, unbiased_std=cfg.unbiased_std)
+  if cfg.advantage == "dr_grpo":
+    return grpo.dr_grpo_advantages(rewards)
+  return grpo.rloo_advantages(rewards)
+
+
+def kl_penalised_rewards(cfg: ObjectiveConfig, rewards, old_logprobs, ref_logprobs, mask):
+  """With kl_in_reward: r - kl_coef * sum_t k1 (the sampled sequence's log-ratio)."""
+  if not (cfg.kl_in_reward and cfg.kl_coef > 0):
+    return rewards
+  k = jnp.sum(kl.k1(old_logprobs, ref_logprobs) * mask, axis=-1)
+  return rewards - cfg.kl_coef * jax.lax.stop_gradient(k)
+
+
+def build_loss(cfg: ObjectiveConfig, logprob_fn: Callable) -> Callable:
+  """cfg -> loss_fn(params, batch) -> (loss, metrics). See the module docstring."""
+  div = cfg.make_divergence() if cfg.divergence is not None else None
+
+  def loss_fn(params, batch):
+    out = logprob_fn(params, batch["seqs"])
+    logp, mask = out["logprobs"], batch["mask"]
+    old = batch["old_logprobs"]
+    ref = batch.get("ref_logprobs")
+    if (cfg.kl_coef > 0 or cfg.policy_loss == "flowrl") and ref is None:
+      raise ValueError(f"batch['ref_logprobs'] is required for kl_coef={cfg.kl_coef}, "
+                       f"policy_loss={cfg.policy_loss!r}")
+    rewards = batch["rewards"].astype(jnp.float32)
+    rewards = kl_penalised_rewards(cfg, rewards, old, ref, mask) if ref is not None else rewards
+    adv = jax.lax.stop_gradient(advantages(cfg, rewards))
+    scores = common.sequence_scores(logp, mask)  # phi, reused by DMPO and GSPO-like terms
+    metrics = {}
+
+    if cfg.policy_loss == "ppo_clip":
+      loss, aux = grpo.policy_loss(logp, old, mask, adv, eps_low=cfg.eps_low,
+                                   eps_high=cfg.eps_high, agg=cfg.agg,
+                                   dual_clip=cfg.dual_clip, norm=cfg.agg_norm)
+    elif cfg.policy_loss == "gspo":
+      loss, aux = grpo.gspo_loss(logp, old, mask, adv, eps_low=cfg.eps_low,
+                                 eps_high=cfg.eps_high)
+    elif cfg.policy_loss == "gpg":
+      loss, aux = grpo.gpg_loss(logp, mask, rewards)
+    else:
+      if "log_z" not in out:
+        raise ValueError("policy_loss='flowrl' needs logprob_fn to return 'log_z'")
+      loss, aux = flowrl.flowrl_loss(scores, common.sequence_scores(ref, mask),
+                                     common.sequence_scores(old, mask), rewards,
+                                     out["log_z"], beta=cfg.flowrl_beta)
+    metrics.update({f"pg_{k}" if k != "clip_frac" else k: v for k, v in aux.items()})
+    metrics["pg_loss"] = loss
+
+    if ref is not None:
+      metrics.update(kl.kl_metrics(logp, ref, mask))
+      if cfg.kl_coef > 0 and not cfg.kl_in_reward:
+        kl_term = common.masked_mean(kl.get(cfg.kl_estimator)(logp, ref), mask)
+        loss = loss + cfg.kl_coef * kl_term
+
+    dm = dmpo.dm_loss(scores, rewards, cfg.dm_alpha)
+    metrics["dm_loss"] = dm
+    metrics.update(dmpo.dm_metrics(scores, rewards, cfg.dm_alpha))
+    if cfg.dm_coef > 0:
+      loss = loss + cfg.dm_coef * dm
+
+    if div is not None and "dph_seqs" in batch:
+      dph_logp = logprob_fn(params, batch["dph_seqs"])["logprobs"]
+      d = div.sample_loss(dph_logp, batch["dph_ref_logprobs"], batch["dph_mask"])
+      metrics["divergence"] = d
+      loss = loss + cfg.div_coef * d
+
+    if "entropy" in out:
+      metrics["entropy"] = common.masked_mean(out["entropy"], mask)
+    metrics["reward_mean"] = jnp.mean(rewards)
+    metrics["adv_abs_mean"] = jnp.mean(jnp.abs(adv))
+    metrics["loss"] = loss
+    return loss, metrics
+
+  return loss_fn
