@@ -352,3 +352,27 @@ def test_mode_collapse_in_miniature():
   assert (d[:, :3].min(1) > 0.2).all(), d[:, :3]
   assert (g2[:, :3].min(1) < 0.2).any(), g2[:, :3]
   assert d[:, :3].sum(1).min() > 0.95 and g2[:, :3].sum(1).min() > 0.95  # both solve it
+
+
+def test_flowrl_log_z_head_learns_the_partition_function():
+  # With phi = phi_ref and equal weights, the TB residual is log Z + 0 - beta r_hat:
+  # r_hat has mean 0 per group, so the optimal log Z is 0 for every prompt, and
+  # the head (zero output at init, w2 = 0) must move towards it from an offset.
+  from dmpo_jax.objectives import flowrl
+
+  head = flowrl.init_log_z_head(jax.random.key(0), 8)
+  head["b2"] = jnp.array([2.0])
+  hidden = jax.random.normal(jax.random.key(1), (3, 5, 8))
+  mask = jnp.ones((3, 5))
+  rewards = jax.random.uniform(jax.random.key(2), (3, 4))
+  phi = -jnp.ones((3, 4))
+
+  def loss(h):
+    return flowrl.flowrl_loss(phi, phi, phi, rewards, flowrl.log_z_head(h, hidden, mask))[0]
+
+  before = loss(head)
+  for _ in range(100):
+    g = jax.grad(loss)(head)
+    head = jax.tree.map(lambda p, d: p - 0.05 * d, head, g)
+  assert float(jnp.max(jnp.abs(flowrl.log_z_head(head, hidden, mask)))) < 0.1
+  assert float(loss(head)) < float(before)

@@ -24,3 +24,21 @@ def flowrl_loss(phi, phi_ref, phi_old, rewards, log_z, *, beta: float = 15.0,
   residual = log_z[..., None] + phi - beta * r_hat - phi_ref
   loss = jnp.mean(w * jnp.square(residual))
   return loss, {"tb_residual_abs": jnp.mean(jnp.abs(residual)), "log_z": jnp.mean(log_z)}
+
+
+def init_log_z_head(key, hidden_size: int, hidden: int = 64):
+  """Params of the log Z(x) head: a 2-layer MLP on the prompt's mean hidden state."""
+  k1, _ = jax.random.split(key)
+  return {"w1": jax.random.normal(k1, (hidden_size, hidden)) * hidden_size ** -0.5,
+          "b1": jnp.zeros((hidden,)), "w2": jnp.zeros((hidden, 1)), "b2": jnp.zeros((1,))}
+
+
+def log_z_head(head, prompt_hidden, prompt_mask):
+  """log Z(x) from the prompt's hidden states [..., P, D] (mean over valid tokens) -> [...].
+
+  The hidden states are detached: the head learns log Z, it does not steer the policy.
+  """
+  h = jax.lax.stop_gradient(prompt_hidden).astype(jnp.float32)
+  m = prompt_mask.astype(jnp.float32)[..., None]
+  pooled = jnp.sum(h * m, axis=-2) / jnp.maximum(jnp.sum(m, axis=-2), 1.0)
+  return (jax.nn.gelu(pooled @ head["w1"] + head["b1"]) @ head["w2"] + head["b2"])[..., 0]
