@@ -21,6 +21,7 @@ setup(
         "tqdm",
         "matplotlib",
         "pillow",
+        "ortools",  # CP-SAT: exact optima of the NP tasks
     ],
     extras_require={
         "test": [
@@ -29,7 +30,11 @@ setup(
             "hypothesis",
             # Only the reference in parity tests; the CPU wheel of this pin is on disk.
             "torch==2.13.0",
+            "tensorflow-datasets",
+            "array_record",
+            "importlib_resources",
         ],
-        "exact": ["ortools"],
+        # The TFDS builder (array_record files, no TensorFlow needed).
+        "data": ["tensorflow-datasets", "array_record", "importlib_resources"],
     },
 )

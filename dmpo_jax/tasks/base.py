@@ -1,0 +1,252 @@
+"""The Task interface shared by the ten NP-Bench tasks.
+
+A task turns a seed and a level into an NP-Bench ``question`` dict, checks an
+answer text against it (strictly by default, or with NP-Bench's own looser
+rules via ``compat="npbench"``), solves it with an NP-Bench-style heuristic
+(the ground truth) and exactly where affordable, formats prompts in two
+styles, and draws the instance as an image (MM-NP-Bench).
+
+Subclasses implement the underscore methods on a parsed *problem* object
+(plain Python lists, built once per instance by ``_load``); the public
+methods handle answer extraction, errors, caching and timing.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import random
+import time
+from typing import Any, Hashable
+
+from dmpo_jax.tasks import parsing
+
+LEVELS = ("tiny", "easy", "medium", "hard", "bench")
+CATEGORIES = ("graph", "schedule", "partition", "selection", "planning")
+COMPAT = ("strict", "npbench")
+PROMPT_STYLES = ("npbench", "compact")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+  """The score of one answer.
+
+  feasible: the answer is a valid solution of the instance.
+  value: the objective (tour length, colours, ...) when feasible, else None.
+  reason: a short human-readable explanation ("ok" when feasible).
+  solution: a canonical, hashable form of a feasible solution (a tour and its
+    reverse or rotation are one solution), for diversity metrics.
+  well_formed: an ``Answer:`` was found and its list parsed.
+  """
+  feasible: bool
+  value: float | None
+  reason: str
+  solution: Hashable | None = None
+  well_formed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Exact:
+  """Result of an exact solve. status: OPTIMAL, FEASIBLE (time limit hit),
+  INFEASIBLE, UNKNOWN (nothing found in time) or UNAVAILABLE (no solver)."""
+  value: float | None
+  status: str
+  solution: Any = None
+  seconds: float = 0.0
+
+
+class Infeasible(Exception):
+  """Raised inside checkers; the message becomes Verdict.reason."""
+
+
+class Task:
+  key: str = ""
+  title: str = ""
+  category: str = ""
+  direction: str = ""        # "min" or "max"
+  description: str = ""      # NP-Bench-style task description
+  answer_format: str = ""    # the submission format line of the prompt
+
+  def __init__(self):
+    self._cache: collections.OrderedDict = collections.OrderedDict()
+
+  def __repr__(self):
+    return f"<Task {self.key} ({self.category}, {self.direction})>"
+
+  # ---- subclass hooks --------------------------------------------------
+  def _generate(self, rng: random.Random, level: str) -> tuple[dict, Any]:
+    raise NotImplementedError
+
+  def _load(self, question: dict):
+    raise NotImplementedError
+
+  def _parse(self, answer: str):
+    return parsing.parse_int_list(answer)
+
+  def _check(self, problem, parsed, compat: str) -> tuple[float, Hashable]:
+    """Return (value, canonical solution) or raise Infeasible(reason)."""
+    raise NotImplementedError
+
+  def _reference(self, problem, rng: random.Random, deadline: float):
+    raise NotImplementedError
+
+  def _exact(self, problem, time_limit: float) -> Exact:
+    return Exact(None, "UNAVAILABLE")
+
+  def _sample(self, problem, rng: random.Random):
+    """One randomised feasible solution of varied quality (SFT warm start)."""
+    return self._reference(problem, rng, time.monotonic() + 0.05)
+
+  def format_answer(self, solution) -> str:
+    return "[" + ", ".join(str(x) for x in solution) + "]"
+
+  def _npbench_instance(self, problem) -> str:
+    raise NotImplementedError
+
+  def _compact(self, problem) -> str:
+    raise NotImplementedError
+
+  def _render(self, problem, size: int):
+    raise NotImplementedError
+
+  # ---- public API ------------------------------------------------------
+  def problem(self, instance: dict):
+    """The parsed instance, cached by identity (instances are not mutated)."""
+    if not isinstance(instance, dict):
+      raise TypeError(f"{self.key}: instance must be a question dict, got {type(instance).__name__}")
+    hit = self._cache.get(id(instance))
+    if hit is not None and hit[0] is instance:
+      self._cache.move_to_end(id(instance))
+      return hit[1]
+    try:
+      problem = self._load(instance)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+      raise ValueError(f"{self.key}: malformed instance ({type(e).__name__}: {e})") from e
+    self._cache[id(instance)] = (instance, problem)
+    if len(self._cache) > 256:
+      self._cache.popitem(last=False)
+    return problem
+
+  def generate_with_solution(self, seed: int, level: str = "easy") -> tuple[dict, Any]:
+    """(question, planted solution); deterministic in (task, level, seed)."""
+    if level not in LEVELS:
+      raise ValueError(f"unknown level {level!r}; choose from {LEVELS}")
+    rng = random.Random(f"{self.key}/{level}/{int(seed)}")
+    return self._generate(rng, level)
+
+  def generate(self, seed: int, level: str = "easy") -> dict:
+    return self.generate_with_solution(seed, level)[0]
+
+  def verify(self, instance: dict, text: str, *, compat: str = "strict") -> Verdict:
+    """Score a full model response: the answer is the text after the last 'Answer:'."""
+    answer = parsing.extract_answer(text)
+    if answer is None:
+      return Verdict(False, None, "no 'Answer:' in the response")
+    return self.verify_answer(instance, answer, compat=compat)
+
+  def verify_answer(self, instance: dict, answer: str, *, compat: str = "strict") -> Verdict:
+    """Score the answer body (the text after 'Answer:')."""
+    if compat not in COMPAT:
+      raise ValueError(f"unknown compat {compat!r}; choose from {COMPAT}")
+    problem = self.problem(instance)
+    try:
+      parsed = self._parse(answer)
+    except parsing.ParseError as e:
+      return Verdict(False, None, f"malformed answer: {e}")
+    except RecursionError:
+      return Verdict(False, None, "malformed answer: nested too deeply")
+    try:
+      value, canon = self._check(problem, parsed, compat)
+    except Infeasible as e:
+      return Verdict(False, None, str(e), well_formed=True)
+    return Verdict(True, float(value), "ok", canon, well_formed=True)
+
+  def verify_solution(self, instance: dict, solution, *, compat: str = "strict") -> Verdict:
+    return self.verify_answer(instance, self.format_answer(solution), compat=compat)
+
+  def reference_solution(self, instance: dict, *, seed: int = 0, time_limit: float = 2.0):
+    """The heuristic ground-truth solution (NP-Bench style); always strictly feasible."""
+    problem = self.problem(instance)
+    rng = random.Random(f"{self.key}/reference/{seed}")
+    solution = self._reference(problem, rng, time.monotonic() + time_limit)
+    verdict = self.verify_solution(instance, solution)
+    if not verdict.feasible:  # a bug, never a silent bad ground truth
+      raise AssertionError(f"{self.key}: reference solution {solution} infeasible: {verdict.reason}")
+    return solution
+
+  def reference_value(self, instance: dict, *, seed: int = 0, time_limit: float = 2.0) -> float:
+    problem = self.problem(instance)
+    memo = getattr(problem, "_reference_value", None) if hasattr(problem, "__dict__") else None
+    if memo is not None and memo[0] == (seed, time_limit):
+      return memo[1]
+    solution = self.reference_solution(instance, seed=seed, time_limit=time_limit)
+    value = self.verify_solution(instance, solution).value
+    if hasattr(problem, "__dict__"):
+      problem._reference_value = ((seed, time_limit), value)
+    return value
+
+  def exact(self, instance: dict, *, time_limit: float = 10.0) -> Exact:
+    """Exact optimum with a time limit and a status (see Exact)."""
+    problem = self.problem(instance)
+    t0 = time.monotonic()
+    result = self._exact(problem, time_limit)
+    if result.solution is not None:
+      verdict = self.verify_solution(instance, result.solution)
+      if not verdict.feasible:
+        raise AssertionError(f"{self.key}: exact solution infeasible: {verdict.reason}")
+    return dataclasses.replace(result, seconds=time.monotonic() - t0)
+
+  def optimal_value(self, instance: dict, *, time_limit: float = 10.0) -> float | None:
+    """The proven optimum, or None when it could not be proven in time."""
+    result = self.exact(instance, time_limit=time_limit)
+    return result.value if result.status == "OPTIMAL" else None
+
+  def sample_solutions(self, instance: dict, n: int, *, seed: int = 0) -> list:
+    """Up to n distinct strictly feasible solutions of varied quality."""
+    problem = self.problem(instance)
+    rng = random.Random(f"{self.key}/sample/{seed}")
+    out, seen = [], set()
+    for _ in range(4 * n):
+      sol = self._sample(problem, rng)
+      v = self.verify_solution(instance, sol)
+      if v.feasible and v.solution not in seen:
+        seen.add(v.solution)
+        out.append(sol)
+        if len(out) == n:
+          break
+    return out
+
+  def ratio(self, instance: dict, text: str, ground_truth: float | None = None, *,
+            compat: str = "strict") -> float:
+    """NP-Bench's quality ratio of a response (0 when infeasible)."""
+    from dmpo_jax.tasks.scoring import ratio
+    v = self.verify(instance, text, compat=compat)
+    if not v.feasible:
+      return 0.0
+    gt = self.reference_value(instance) if ground_truth is None else ground_truth
+    return ratio(v.value, gt, self.direction)
+
+  def prompt(self, instance: dict, style: str = "npbench") -> str:
+    if style not in PROMPT_STYLES:
+      raise ValueError(f"unknown prompt style {style!r}; choose from {PROMPT_STYLES}")
+    problem = self.problem(instance)
+    if style == "compact":
+      return self._compact(problem) + "\nAnswer: "
+    return (
+        f"You are an expert in combinatorial optimization.\n\n"
+        f"Task: {self.title}. {self.description}\n\n"
+        f"Instance:\n{self._npbench_instance(problem)}\n\n"
+        f"Submission format: {self.answer_format}\n\n"
+        "Think step by step, then give your final answer.\n"
+        "Your response should end with: Answer: YOUR ANSWER")
+
+  def render(self, instance: dict, size: int = 512):
+    """The instance as a PIL image (MM-NP-Bench), size x size pixels."""
+    if not isinstance(size, int) or size < 128:
+      raise ValueError(f"render size must be an int >= 128, got {size!r}")
+    return self._render(self.problem(instance), size)
+
+
+def int_keys(d: dict) -> dict:
+  """JSON dicts have string keys; NP-Bench's in-memory ones may have ints."""
+  return {int(k): v for k, v in d.items()}

@@ -1,0 +1,317 @@
+"""Graph category: graph colouring (GCP-D), maximum clique, maximum independent set."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from dmpo_jax.tasks import render
+from dmpo_jax.tasks.base import Exact, Infeasible, Task
+from dmpo_jax.tasks.common import adjacency_lists, cp_model, load_graph, solve, uniform
+
+
+def _edges_text(p) -> str:
+  return " ".join(f"{u}-{v}" for u, v in p.edges)
+
+
+def _check_vertices(p, verts, allow_repeats: bool):
+  for v in verts:
+    if not 0 <= v < p.n:
+      raise Infeasible(f"vertex {v} does not exist (nodes are 0..{p.n - 1})")
+  if not allow_repeats and len(set(verts)) != len(verts):
+    dup = next(v for v in verts if verts.count(v) > 1)
+    raise Infeasible(f"vertex {dup} repeated")
+
+
+# ---------------------------------------------------------------------------
+class GraphColoring(Task):
+  key = "GCP-D"
+  title = "Graph colouring"
+  category = "graph"
+  direction = "min"
+  description = ("Colour the vertices of the undirected graph with positive integers so that "
+                 "adjacent vertices get different colours, using as few colours as possible.")
+  answer_format = ("a list of n positive integers, the colour of vertex i at position i, "
+                   "e.g. Answer: [1, 2, 1, 3]")
+  SIZES = {"tiny": ((4, 6), (2, 3), 0.5), "easy": ((8, 12), (3, 4), 0.2),
+           "medium": ((15, 22), (4, 6), 0.35), "hard": ((25, 32), (6, 8), 0.5),
+           "bench": ((32, 40), (6, 8), 0.5)}
+
+  def _generate(self, rng, level):
+    nv, nk, p = self.SIZES[level]
+    n, k = uniform(rng, nv), uniform(rng, nk)
+    colour = [i % k for i in range(n)]
+    rng.shuffle(colour)
+    edges = [(u, v) for u in range(n) for v in range(u + 1, n)
+             if colour[u] != colour[v] and rng.random() < p]
+    return adjacency_lists(n, edges), [c + 1 for c in colour]
+
+  def _load(self, q):
+    return load_graph(q)
+
+  def _check(self, p, col, compat):
+    if len(col) != p.n:
+      raise Infeasible(f"expected {p.n} colours (one per vertex), got {len(col)}")
+    for i, c in enumerate(col):
+      if c < 1:
+        raise Infeasible(f"colour of vertex {i} is {c}; colours must be positive integers")
+    for u, v in p.edges:
+      if col[u] == col[v]:
+        raise Infeasible(f"adjacent vertices {u} and {v} share colour {col[u]}")
+    first = {}
+    canon = tuple(first.setdefault(c, len(first)) for c in col)
+    return len(set(col)), canon
+
+  def _dsatur(self, p, rng):
+    col = [0] * p.n
+    order_key = [rng.random() for _ in range(p.n)]
+    for _ in range(p.n):
+      best = max((v for v in range(p.n) if not col[v]),
+                 key=lambda v: (len({col[u] for u in p.adj[v] if col[u]}), len(p.adj[v]),
+                                order_key[v]))
+      used = {col[u] for u in p.adj[best]}
+      col[best] = next(c for c in range(1, p.n + 2) if c not in used)
+    return col
+
+  def _tabucol(self, p, k, start, rng, max_iters, deadline):
+    """Tabu search for a proper k-colouring; None if not found within the budget."""
+    col = [min(c, k) - 1 for c in start]
+    n = p.n
+    # conf[v][c] = neighbours of v with colour c.
+    conf = [[0] * k for _ in range(n)]
+    for u, v in p.edges:
+      conf[u][col[v]] += 1
+      conf[v][col[u]] += 1
+    total = sum(conf[v][col[v]] for v in range(n)) // 2
+    tabu = {}
+    for it in range(max_iters):
+      if total == 0:
+        return [c + 1 for c in col]
+      if it % 256 == 0 and time.monotonic() > deadline:
+        return None
+      best, best_delta = None, None
+      for v in range(n):
+        cv = conf[v][col[v]]
+        if cv == 0:
+          continue
+        for c in range(k):
+          if c == col[v]:
+            continue
+          delta = conf[v][c] - cv
+          if tabu.get((v, c), -1) > it and total + delta > 0:
+            continue
+          if best_delta is None or delta < best_delta or (delta == best_delta and rng.random() < 0.3):
+            best, best_delta = (v, c), delta
+      if best is None:
+        continue
+      v, c = best
+      old = col[v]
+      for u in p.adj[v]:
+        conf[u][old] -= 1
+        conf[u][c] += 1
+      col[v] = c
+      total += best_delta
+      tabu[(v, old)] = it + 7 + rng.randrange(10)
+    return None
+
+  def _reference(self, p, rng, deadline):
+    best = self._dsatur(p, rng)
+    k = len(set(best))
+    while k > 1:
+      found = self._tabucol(p, k - 1, best, rng, max_iters=2000, deadline=deadline)
+      if found is None:
+        break
+      best, k = found, len(set(found))
+    return best
+
+  def _sample(self, p, rng):
+    col = self._dsatur(p, rng)
+    if rng.random() < 0.5:  # a worse but valid colouring: recolour a vertex with a fresh colour
+      v = rng.randrange(p.n)
+      col[v] = max(col) + 1
+    return col
+
+  def _exact(self, p, time_limit):
+    m = cp_model()
+    if m is None:
+      return Exact(None, "UNAVAILABLE")
+    ub = len(set(self._dsatur(p, random.Random(0))))
+    model = m.CpModel()
+    x = [model.NewIntVar(0, ub - 1, f"c{v}") for v in range(p.n)]
+    for u, v in p.edges:
+      model.Add(x[u] != x[v])
+    top = model.NewIntVar(0, ub - 1, "max")
+    model.AddMaxEquality(top, x)
+    if p.n:
+      model.Add(x[0] == 0)
+    model.Minimize(top)
+    solver, status = solve(model, time_limit)
+    if status not in ("OPTIMAL", "FEASIBLE"):
+      return Exact(None, status)
+    col = [solver.Value(v) + 1 for v in x]
+    return Exact(float(len(set(col))), status, col)
+
+  def _npbench_instance(self, p):
+    return (f"The graph has {p.n} vertices (0..{p.n - 1}). Adjacency list: "
+            + "; ".join(f"{u}: {sorted(p.adj[u])}" for u in range(p.n)))
+
+  def _compact(self, p):
+    return f"GCP n {p.n} edges {_edges_text(p)}"
+
+  def _render(self, p, size):
+    return render.graph(size, f"Graph colouring: {p.n} vertices", p.n, p.edges)
+
+
+# ---------------------------------------------------------------------------
+class _SetInGraph(Task):
+  """Shared code of clique and independent set: a set of distinct vertices."""
+  category = "graph"
+  direction = "max"
+  answer_format = "a list of distinct vertex ids, e.g. Answer: [0, 3, 5]"
+  independent = False
+
+  def _ok(self, p, u, v) -> bool:
+    return (v not in p.adj[u]) if self.independent else (v in p.adj[u])
+
+  def _check(self, p, verts, compat):
+    allow = self.independent and compat == "npbench"  # NP-Bench's MIS check ignores repeats
+    _check_vertices(p, verts, allow_repeats=allow)
+    distinct = sorted(set(verts))
+    for i, u in enumerate(distinct):
+      for v in distinct[i + 1:]:
+        if not self._ok(p, u, v):
+          what = "adjacent" if self.independent else "not adjacent"
+          raise Infeasible(f"vertices {u} and {v} are {what}")
+    if not verts:
+      raise Infeasible("empty set")
+    return len(verts), tuple(distinct)
+
+  def _greedy(self, p, rng, start):
+    chosen = [start]
+    cand = [v for v in range(p.n) if v != start and self._ok(p, start, v)]
+    while cand:
+      # add one vertex at a time (never all candidates at once)
+      v = max(cand, key=lambda c: (sum(self._ok(p, c, o) for o in cand), rng.random()))
+      chosen.append(v)
+      cand = [c for c in cand if c != v and self._ok(p, v, c)]
+    return chosen
+
+  def _local_search(self, p, rng, sol, iters):
+    """(1,2)-swaps: drop one vertex, add two compatible ones; plateau moves allowed."""
+    best = list(sol)
+    cur = set(sol)
+    for _ in range(iters):
+      out = [v for v in range(p.n) if v not in cur]
+      # vertices compatible with all but exactly one member
+      addable = [v for v in out if all(self._ok(p, v, u) for u in cur)]
+      if addable:
+        cur.add(rng.choice(addable))
+      else:
+        one_off = [(v, [u for u in cur if not self._ok(p, v, u)]) for v in out]
+        one_off = [(v, bad[0]) for v, bad in one_off if len(bad) == 1]
+        if not one_off:
+          break
+        v, u = rng.choice(one_off)
+        cur.discard(u)
+        cur.add(v)
+      if len(cur) > len(best):
+        best = sorted(cur)
+    return best
+
+  def _reference(self, p, rng, deadline):
+    if p.n == 0:
+      return []
+    best = []
+    starts = list(range(p.n))
+    rng.shuffle(starts)
+    for s in starts:
+      sol = self._local_search(p, rng, self._greedy(p, rng, s), iters=4 * p.n)
+      if len(sol) > len(best):
+        best = sorted(sol)
+      if time.monotonic() > deadline:
+        break
+    return best
+
+  def _sample(self, p, rng):
+    sol = self._greedy(p, rng, rng.randrange(p.n))
+    rng.shuffle(sol)
+    if len(sol) > 1 and rng.random() < 0.4:
+      sol = sol[:rng.randint(1, len(sol))]
+    return sol
+
+  def _exact(self, p, time_limit):
+    m = cp_model()
+    if m is None:
+      return Exact(None, "UNAVAILABLE")
+    model = m.CpModel()
+    x = [model.NewBoolVar(f"x{v}") for v in range(p.n)]
+    for u in range(p.n):
+      for v in range(u + 1, p.n):
+        if not self._ok(p, u, v):
+          model.AddBoolOr([x[u].Not(), x[v].Not()])
+    model.Maximize(sum(x))
+    solver, status = solve(model, time_limit)
+    if status not in ("OPTIMAL", "FEASIBLE"):
+      return Exact(None, status)
+    sol = [v for v in range(p.n) if solver.Value(x[v])]
+    return Exact(float(len(sol)), status, sol)
+
+  def _npbench_instance(self, p):
+    return (f"The graph has {p.n} vertices (0..{p.n - 1}). Adjacency list: "
+            + "; ".join(f"{u}: {sorted(p.adj[u])}" for u in range(p.n)))
+
+  def _load(self, q):
+    return load_graph(q)
+
+
+class MaximumClique(_SetInGraph):
+  key = "maximum_clique_problem"
+  title = "Maximum clique"
+  description = "Find a largest set of vertices that are pairwise adjacent in the undirected graph."
+  SIZES = {"tiny": ((4, 6), (2, 3), 0.3), "easy": ((4, 8), (2, 4), 0.3),
+           "medium": ((8, 12), (2, 4), 0.3), "hard": ((12, 16), (2, 6), 0.35),
+           "bench": ((16, 20), (4, 8), 0.35)}
+
+  def _generate(self, rng, level):
+    nv, nc, p = self.SIZES[level]
+    n = uniform(rng, nv)
+    c = min(uniform(rng, nc), n)
+    clique = sorted(rng.sample(range(n), c))
+    edges = {(u, v) for i, u in enumerate(clique) for v in clique[i + 1:]}
+    edges |= {(u, v) for u in range(n) for v in range(u + 1, n) if rng.random() < p}
+    return adjacency_lists(n, edges), clique
+
+  def _compact(self, p):
+    return f"clique n {p.n} edges {_edges_text(p)}"
+
+  def _render(self, p, size):
+    return render.graph(size, f"Maximum clique: {p.n} vertices", p.n, p.edges)
+
+
+class MaximumIndependentSet(_SetInGraph):
+  key = "maximum-set"
+  title = "Maximum independent set"
+  description = "Find a largest set of vertices no two of which are adjacent in the undirected graph."
+  independent = True
+  SIZES = {"tiny": ((5, 7), (2, 3), 0.4), "easy": ((12, 20), (4, 8), 0.3),
+           "medium": ((20, 30), (8, 12), 0.3), "hard": ((30, 40), (12, 16), 0.3),
+           "bench": ((40, 50), (16, 20), 0.3)}
+
+  def _generate(self, rng, level):
+    nv, ns, p = self.SIZES[level]
+    n = uniform(rng, nv)
+    s = min(uniform(rng, ns), n)
+    ind = set(rng.sample(range(n), s))
+    edges = [(u, v) for u in range(n) for v in range(u + 1, n)
+             if not (u in ind and v in ind) and rng.random() < p]
+    adj = {str(i): {} for i in range(n)}
+    for u, v in edges:
+      adj[str(u)][str(v)] = 1
+      adj[str(v)][str(u)] = 1
+    return adj, sorted(ind)
+
+  def _compact(self, p):
+    return f"mis n {p.n} edges {_edges_text(p)}"
+
+  def _render(self, p, size):
+    return render.graph(size, f"Maximum independent set: {p.n} vertices", p.n, p.edges)

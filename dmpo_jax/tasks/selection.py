@@ -1,0 +1,328 @@
+"""Selection category: set cover, subset sum, 0/1 knapsack."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+from dmpo_jax.tasks import parsing, render
+from dmpo_jax.tasks.base import Exact, Infeasible, Task
+from dmpo_jax.tasks.common import Problem, cp_model, solve, uniform
+
+
+def _distinct_ids(ids, valid, what, allow_repeats=False):
+  for i in ids:
+    if i not in valid:
+      raise Infeasible(f"{what} {i} does not exist")
+  if not allow_repeats and len(set(ids)) != len(ids):
+    dup = next(i for i in ids if ids.count(i) > 1)
+    raise Infeasible(f"{what} {dup} repeated")
+
+
+# ---------------------------------------------------------------------------
+class SetCover(Task):
+  key = "set-cover"
+  title = "Set cover"
+  category = "selection"
+  direction = "min"
+  description = ("Choose as few of the given subsets as possible so that their union is the "
+                 "universe U. If U cannot be covered, answer Impossible.")
+  answer_format = "a list of subset ids, e.g. Answer: [0, 4, 7], or Answer: Impossible"
+  SIZES = {"tiny": ((4, 6), (3, 5)), "easy": ((10, 20), (5, 10)), "medium": ((20, 25), (10, 15)),
+           "hard": ((25, 30), (15, 25)), "bench": ((30, 40), (20, 30))}
+
+  def _generate(self, rng, level):
+    nu, ns = self.SIZES[level]
+    u, m = uniform(rng, nu), uniform(rng, ns)
+    k = max(2, min(m - 1, rng.randint(max(2, m // 4), max(2, m // 2))))
+    elems = list(range(u))
+    rng.shuffle(elems)
+    cuts = sorted(rng.sample(range(1, u), min(k - 1, u - 1)))
+    planted = [sorted(elems[a:b]) for a, b in zip([0] + cuts, cuts + [u])]
+    others = [sorted(rng.sample(range(u), rng.randint(1, max(1, u // 3)))) for _ in range(m - len(planted))]
+    sets = planted + others
+    order = list(range(len(sets)))
+    rng.shuffle(order)
+    q = {"U": list(range(u)), "S": {str(i): sets[j] for i, j in enumerate(order)}}
+    solution = sorted(i for i, j in enumerate(order) if j < len(planted))
+    return q, solution
+
+  def _load(self, q):
+    sets = {int(k): frozenset(v) for k, v in q["S"].items()}
+    universe = frozenset(q["U"])
+    coverable = universe <= frozenset().union(*sets.values()) if sets else not universe
+    return Problem(universe=universe, sets=sets, coverable=coverable)
+
+  def _parse(self, answer):
+    s = parsing._clean(answer)
+    if s.split(None, 1) and s.split(None, 1)[0].strip(".,;:'\"[]").lower() == "impossible":
+      return "Impossible"
+    return parsing.parse_int_list(answer)
+
+  def format_answer(self, solution):
+    return "Impossible" if solution == "Impossible" else super().format_answer(solution)
+
+  def _check(self, p, ids, compat):
+    if ids == "Impossible":
+      if p.coverable:
+        raise Infeasible("answered Impossible, but the subsets cover U")
+      return 0, ("Impossible",)
+    _distinct_ids(ids, p.sets, "subset")
+    covered = frozenset().union(*(p.sets[i] for i in ids)) if ids else frozenset()
+    missing = p.universe - covered
+    if missing:
+      raise Infeasible(f"elements {sorted(missing)[:8]} are not covered")
+    return len(ids), tuple(sorted(ids))
+
+  def _greedy(self, p, rng, noise=0.0):
+    left, chosen = set(p.universe), []
+    while left:
+      i = max(p.sets, key=lambda s: (len(p.sets[s] & left) * (1 + noise * rng.random()), -s))
+      if not p.sets[i] & left:
+        break
+      chosen.append(i)
+      left -= p.sets[i]
+    return chosen
+
+  def _prune(self, p, chosen, rng):
+    chosen = list(chosen)
+    rng.shuffle(chosen)
+    for i in list(chosen):
+      rest = [j for j in chosen if j != i]
+      if p.universe <= frozenset().union(*(p.sets[j] for j in rest)) if rest else not p.universe:
+        chosen = rest
+    return sorted(chosen)
+
+  def _reference(self, p, rng, deadline):
+    """Greedy, then simulated annealing over subsets (penalised uncovered elements)."""
+    if not p.coverable:
+      return "Impossible"
+    best = self._prune(p, self._greedy(p, rng), rng)
+    ids = sorted(p.sets)
+    cur = set(best)
+    def cost(sel):
+      cov = frozenset().union(*(p.sets[i] for i in sel)) if sel else frozenset()
+      return len(sel) + 2.0 * len(p.universe - cov)
+    cur_cost, temp = cost(cur), 1.0
+    for it in range(300 * len(ids)):
+      if it % 256 == 0 and time.monotonic() > deadline:
+        break
+      i = rng.choice(ids)
+      nxt = cur ^ {i}
+      c = cost(nxt)
+      if c <= cur_cost or rng.random() < math.exp(-(c - cur_cost) / temp):
+        cur, cur_cost = nxt, c
+        if c < len(best) and cost(cur) == len(cur):
+          best = self._prune(p, cur, rng)
+      temp = max(0.05, temp * 0.999)
+    return best
+
+  def _sample(self, p, rng):
+    if not p.coverable:
+      return "Impossible"
+    chosen = self._greedy(p, rng, noise=2.0)
+    if rng.random() < 0.5:
+      chosen = self._prune(p, chosen, rng)
+    rng.shuffle(chosen)
+    return chosen
+
+  def _exact(self, p, time_limit):
+    if not p.coverable:
+      return Exact(0.0, "OPTIMAL", "Impossible")
+    m = cp_model()
+    if m is None:
+      return Exact(None, "UNAVAILABLE")
+    model = m.CpModel()
+    x = {i: model.NewBoolVar(f"s{i}") for i in p.sets}
+    for e in p.universe:
+      model.AddBoolOr([x[i] for i, s in p.sets.items() if e in s])
+    model.Minimize(sum(x.values()))
+    solver, status = solve(model, time_limit)
+    if status not in ("OPTIMAL", "FEASIBLE"):
+      return Exact(None, status)
+    sol = sorted(i for i in x if solver.Value(x[i]))
+    return Exact(float(len(sol)), status, sol)
+
+  def _npbench_instance(self, p):
+    return (f"U = {sorted(p.universe)}\nSubsets:\n"
+            + "\n".join(f"{i}: {sorted(s)}" for i, s in sorted(p.sets.items())))
+
+  def _compact(self, p):
+    return (f"cover n {len(p.universe)} sets "
+            + " ; ".join(" ".join(map(str, sorted(s))) for _, s in sorted(p.sets.items())))
+
+  def _render(self, p, size):
+    rows = [(i, ", ".join(map(str, sorted(s)))) for i, s in sorted(p.sets.items())]
+    return render.table(size, f"Set cover: U = 0..{len(p.universe) - 1}", ("subset", "elements"), rows)
+
+
+# ---------------------------------------------------------------------------
+def _best_count_subset(values: dict, target: int, allowed=None):
+  """Max-cardinality subset of ids with values summing exactly to target (DP); None if none."""
+  ids = sorted(values) if allowed is None else sorted(allowed)
+  if target < 0 or any(values[i] < 0 for i in ids):
+    return None
+  NEG = -1
+  rows = [[NEG] * (target + 1)]  # rows[k][s]: most items among ids[:k] summing to s
+  rows[0][0] = 0
+  for i in ids:
+    prev, w = rows[-1], values[i]
+    row = list(prev)
+    for s in range(w, target + 1):
+      if prev[s - w] != NEG and prev[s - w] + 1 > row[s]:
+        row[s] = prev[s - w] + 1
+    rows.append(row)
+  if rows[-1][target] == NEG:
+    return None
+  s, sol = target, []
+  for k in range(len(ids), 0, -1):
+    if rows[k][s] != rows[k - 1][s]:
+      sol.append(ids[k - 1])
+      s -= values[ids[k - 1]]
+  return sorted(sol)
+
+
+class SubsetSum(Task):
+  key = "subset-sum"
+  title = "Subset sum"
+  category = "selection"
+  direction = "max"
+  description = ("Choose indices of the given numbers whose values sum exactly to the target, "
+                 "using as many numbers as possible.")
+  answer_format = "a list of distinct indices, e.g. Answer: [0, 2, 5]"
+  SIZES = {"tiny": ((4, 5), (2, 3), 9), "easy": ((5, 10), (2, 3), 30),
+           "medium": ((8, 12), (3, 4), 50), "hard": ((12, 15), (4, 5), 80),
+           "bench": ((15, 20), (5, 6), 100)}
+
+  def _generate(self, rng, level):
+    nn, nk, hi = self.SIZES[level]
+    n = uniform(rng, nn)
+    k = min(uniform(rng, nk), n)
+    nums = [rng.randint(1, hi) for _ in range(n)]
+    planted = sorted(rng.sample(range(n), k))
+    target = sum(nums[i] for i in planted)
+    return {"target": target, "numbers": {str(i): v for i, v in enumerate(nums)}}, planted
+
+  def _load(self, q):
+    return Problem(target=int(q["target"]), values={int(k): int(v) for k, v in q["numbers"].items()})
+
+  def _check(self, p, ids, compat):
+    _distinct_ids(ids, p.values, "index", allow_repeats=compat == "npbench")
+    if not ids:
+      raise Infeasible("empty selection")
+    total = sum(p.values[i] for i in ids)
+    if total != p.target:
+      raise Infeasible(f"sum is {total}, target is {p.target}")
+    return len(ids), tuple(sorted(ids))
+
+  def _reference(self, p, rng, deadline):
+    sol = _best_count_subset(p.values, p.target)  # NP-Bench's reference is exact here too
+    if sol is None:
+      raise RuntimeError("no subset reaches the target")
+    return sol
+
+  def _sample(self, p, rng):
+    # Exact best subset among a random half of the numbers: varied, often smaller.
+    ids = [i for i in p.values if rng.random() < 0.6]
+    sol = _best_count_subset(p.values, p.target, ids) or self._reference(p, rng, 0)
+    rng.shuffle(sol)
+    return sol
+
+  def _exact(self, p, time_limit):
+    sol = _best_count_subset(p.values, p.target)
+    return Exact(None, "INFEASIBLE") if sol is None else Exact(float(len(sol)), "OPTIMAL", sol)
+
+  def _npbench_instance(self, p):
+    return (f"Target: {p.target}\nNumbers (index: value): "
+            + ", ".join(f"{i}: {v}" for i, v in sorted(p.values.items())))
+
+  def _compact(self, p):
+    return f"subset target {p.target} items " + " ".join(str(v) for _, v in sorted(p.values.items()))
+
+  def _render(self, p, size):
+    rows = [(i, v) for i, v in sorted(p.values.items())]
+    return render.table(size, f"Subset sum: target {p.target}", ("index", "value"), rows)
+
+
+# ---------------------------------------------------------------------------
+def _knapsack_dp(items: dict, capacity: int, allowed=None):
+  ids = sorted(items) if allowed is None else sorted(allowed)
+  rows = [[0] * (capacity + 1)]
+  for i in ids:
+    w, v = items[i]
+    prev = rows[-1]
+    row = list(prev)
+    for c in range(w, capacity + 1):
+      if prev[c - w] + v > row[c]:
+        row[c] = prev[c - w] + v
+    rows.append(row)
+  c, sol = capacity, []
+  for k in range(len(ids), 0, -1):
+    if rows[k][c] != rows[k - 1][c]:
+      sol.append(ids[k - 1])
+      c -= items[ids[k - 1]][0]
+  return sorted(sol)
+
+
+class Knapsack(Task):
+  key = "knapsack"
+  title = "0/1 knapsack"
+  category = "selection"
+  direction = "max"
+  description = ("Choose distinct items whose total weight is at most the capacity, "
+                 "maximising their total value.")
+  answer_format = "a list of distinct item ids, e.g. Answer: [1, 4, 6]"
+  SIZES = {"tiny": ((2, 3), (2, 3)), "easy": ((6, 10), (8, 15)), "medium": ((8, 12), (15, 25)),
+           "hard": ((15, 25), (20, 35)), "bench": ((25, 35), (30, 45))}
+
+  def _generate(self, rng, level):
+    npl, nd = self.SIZES[level]
+    planted = [(w, int(w * rng.uniform(1.3, 2.0))) for w in (rng.randint(3, 30) for _ in range(uniform(rng, npl)))]
+    capacity = sum(w for w, _ in planted)
+    distract = [(w, max(1, int(w * rng.uniform(0.3, 1.2)))) for w in
+                (rng.randint(3, 45) for _ in range(uniform(rng, nd)))]
+    allitems = planted + distract
+    order = list(range(len(allitems)))
+    rng.shuffle(order)
+    q = {"capacity": capacity,
+         "items": {str(i): {"weight": allitems[j][0], "value": allitems[j][1]} for i, j in enumerate(order)}}
+    return q, sorted(i for i, j in enumerate(order) if j < len(planted))
+
+  def _load(self, q):
+    items = {int(k): (int(v["weight"]), int(v["value"])) for k, v in q["items"].items()}
+    if any(w < 0 for w, _ in items.values()):
+      raise ValueError("negative weight")
+    return Problem(capacity=int(q["capacity"]), items=items)
+
+  def _check(self, p, ids, compat):
+    _distinct_ids(ids, p.items, "item")
+    weight = sum(p.items[i][0] for i in ids)
+    if weight > p.capacity:
+      raise Infeasible(f"total weight {weight} exceeds capacity {p.capacity}")
+    return sum(p.items[i][1] for i in ids), tuple(sorted(ids))
+
+  def _reference(self, p, rng, deadline):
+    return _knapsack_dp(p.items, p.capacity)  # exact DP, as NP-Bench's reference
+
+  def _sample(self, p, rng):
+    ids = [i for i in p.items if rng.random() < 0.7]
+    sol = _knapsack_dp(p.items, p.capacity, ids)
+    rng.shuffle(sol)
+    return sol
+
+  def _exact(self, p, time_limit):
+    sol = _knapsack_dp(p.items, p.capacity)
+    return Exact(float(sum(p.items[i][1] for i in sol)), "OPTIMAL", sol)
+
+  def _npbench_instance(self, p):
+    return (f"Capacity: {p.capacity}\nItems (id: weight, value):\n"
+            + "\n".join(f"{i}: weight {w}, value {v}" for i, (w, v) in sorted(p.items.items())))
+
+  def _compact(self, p):
+    return (f"knap cap {p.capacity} items "
+            + " ".join(f"{w}/{v}" for _, (w, v) in sorted(p.items.items())))
+
+  def _render(self, p, size):
+    rows = [(i, w, v) for i, (w, v) in sorted(p.items.items())]
+    return render.table(size, f"Knapsack: capacity {p.capacity}", ("item", "weight", "value"), rows)
