@@ -22,6 +22,7 @@ setup(
         "matplotlib",
         "pillow",
         "ortools",  # CP-SAT: exact optima of the NP tasks
+        "tensorboardX",
     ],
     extras_require={
         "test": [

@@ -1,0 +1,83 @@
+"""The embedded default: a small model trained from scratch on `tiny` NP instances, on a CPU.
+
+    python -m dmpo_jax.train --config=configs/nphard.py --workdir=runs/default
+    python -m dmpo_jax.train --config=configs/nphard.py:algo=grpo,level=tiny,seed=1 --workdir=...
+    python -m dmpo_jax.train --config=configs/nphard.py:smoke --workdir=/tmp/smoke
+
+Arguments after the colon (comma-separated): `algo=<preset>`, `level=<level>`,
+`seed=<int>`, `tasks=<key+key+...>`, and the flag `smoke` (a few steps of every
+stage, for tests). Any field can also be set with --config.<path>=<value>;
+unknown fields are refused (the config is locked).
+"""
+
+from ml_collections import config_dict
+
+from dmpo_jax.objectives.presets import ObjectiveConfig
+import dataclasses
+
+
+def _parse(arg: str | None) -> dict:
+  out = {}
+  for part in filter(None, (arg or "").split(",")):
+    k, eq, v = part.partition("=")
+    out[k.strip()] = v.strip() if eq else True
+  known = {"algo", "level", "seed", "tasks", "smoke"}
+  unknown = set(out) - known
+  if unknown:
+    raise ValueError(f"configs/nphard.py: unknown argument(s) {sorted(unknown)}; valid: {sorted(known)}")
+  return out
+
+
+def get_config(arg: str | None = None):
+  opts = _parse(arg)
+  c = config_dict.ConfigDict()
+  c.seed = int(opts.get("seed", 0))
+  c.tasks = str(opts.get("tasks", "all")).replace("+", ",")  # "all" or comma-separated keys
+  c.level = opts.get("level", "tiny")
+  c.prompt_style = "compact"  # "compact" (from-scratch models) or "npbench"
+  c.chat_template = False     # wrap npbench prompts in the tokenizer's chat template
+
+  c.model = config_dict.ConfigDict(dict(
+      init="scratch",          # "scratch" or a local Hugging Face folder
+      tokenizer="",            # "" = the task tokenizer (scratch) / the HF folder's
+      hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4, num_kv_heads=2,
+      head_dim=32, rope_theta=10000.0, dtype="float32", param_dtype="float32",
+      max_prompt_len=160,      # prompts are left-padded to this (fixed shapes)
+      max_new_tokens=32,
+  ))
+  c.sft = config_dict.ConfigDict(dict(
+      steps=400, batch_size=32, lr=2e-3, warmup=40, solutions_per_instance=4,
+  ))
+  c.dph = config_dict.ConfigDict(dict(   # DPH-RL pre-sampling (dph_* presets only)
+      num_prompts=64, samples=8, temperature=1.0, correct="feasible",  # or "optimal"
+      batch=16,                             # stored D_pef responses per RL step
+  ))
+  c.rl = config_dict.ConfigDict(dict(
+      algo=opts.get("algo", "dmpo"), steps=60, prompts_per_step=8, group_size=8, lr=3e-4,
+      temperature=1.0, top_p=1.0, max_grad_norm=1.0,
+      curriculum="",           # e.g. "easy:0,medium:100,hard:200" (RL step at which a level starts)
+      nonfinite_patience=3,    # stop after this many non-finite steps in a row
+      check_recompile=True,    # error if the update recompiles after its first step
+  ))
+  # Overrides of the preset's objective fields (None = the preset's default).
+  c.rl.objective = config_dict.ConfigDict(
+      {f.name: config_dict.placeholder(object) for f in dataclasses.fields(ObjectiveConfig)})
+  c.rl.reward = config_dict.ConfigDict(dict(
+      format_bonus=0.1, ground_truth="reference", cap=2.0, compat="strict"))
+  c.eval = config_dict.ConfigDict(dict(
+      num_per_task=12, samples=8, k=3, temperature=0.7, pass_ks=(1, 3, 8), batch_prompts=24,
+  ))
+  c.checkpoint = config_dict.ConfigDict(dict(every=100, keep=2, export_hf=True))
+  c.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+  c.log = config_dict.ConfigDict(dict(every=1, tensorboard=True, plots=True, progress=True))
+
+  if opts.get("smoke"):
+    c.sft.steps, c.sft.batch_size, c.sft.warmup = 3, 8, 1
+    c.rl.steps, c.rl.prompts_per_step, c.rl.group_size = 3, 8, 4
+    c.eval.num_per_task, c.eval.samples, c.eval.pass_ks, c.eval.batch_prompts = 1, 4, (1, 3), 8
+    c.dph.num_prompts, c.dph.samples, c.dph.batch = 8, 4, 8
+    c.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                   num_kv_heads=1, head_dim=16, max_new_tokens=16)
+    c.checkpoint.every = 2
+    c.log.progress = False
+  return c

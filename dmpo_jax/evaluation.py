@@ -1,0 +1,80 @@
+"""Evaluate a policy on NP task instances: SR/QR (best-of-k and mean), pass@k, diversity, length.
+
+``sample_fn(prompt_tokens [B, P], prompt_mask [B, P], rng) -> (tokens, mask)``
+is any sampler (the training loop's jitted one, or one built from a HF folder).
+Each instance gets ``samples`` completions at ``temperature`` (NP-Bench: 3 at
+0.7); SR@k/QR@k use the first k of them, the means use all of them.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from dmpo_jax import pipeline
+from dmpo_jax import tasks as tasks_lib
+from dmpo_jax.tasks import scoring
+
+TABLE_METRICS = ("SR@3", "QR@3", "SR_mean", "QR_mean", "distinct", "length")
+
+
+def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int, k: int = 3,
+             pass_ks=(1, 3), rng, batch_prompts: int, prompt_len: int, reward_cfg,
+             ground_truths: list[float] | None = None, progress: bool = False) -> dict:
+  """Score ``items`` ([(task key, question)]); returns per-task, category and overall means."""
+  problems = []
+  chunks = range(0, len(items), batch_prompts)
+  if progress:
+    from tqdm import tqdm
+    chunks = tqdm(chunks, desc="eval", unit="batch", leave=False)
+  for c0 in chunks:
+    chunk = items[c0:c0 + batch_prompts]
+    real = len(chunk)
+    padded = chunk + [chunk[-1]] * (batch_prompts - real)  # fixed shapes: no recompilation
+    ids = [encoder.encode(key, q) for key, q in padded]
+    pt, pm = pipeline.pad_left(ids, prompt_len, encoder.pad)
+    pt, pm = np.repeat(pt, samples, 0), np.repeat(pm, samples, 0)
+    tokens, mask = sample_fn(pt, pm, jax.random.fold_in(rng, c0))
+    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    texts = encoder.texts(tokens, mask)
+    gts = ground_truths[c0:c0 + real] if ground_truths is not None else None
+    _, stats = pipeline.score_groups(chunk, texts[:real * samples], samples, reward_cfg, gts)
+    lengths = mask.sum(-1).reshape(batch_prompts, samples)[:real]
+    for i, (key, _) in enumerate(chunk):
+      s = scoring.problem_scores(list(stats["ratio"][i]), list(stats["feasible"][i]), k=k,
+                                 pass_ks=pass_ks)
+      s["distinct"] = float(stats["distinct"][i])
+      s["solution_entropy"] = float(stats["solution_entropy"][i])
+      s["length"] = float(lengths[i].mean())
+      problems.append((key, s))
+  return summarize(problems, k)
+
+
+def summarize(problems, k: int = 3) -> dict:
+  keys = [k for k, _ in problems]
+  scores = [s for _, s in problems]
+  per_task = {}
+  for key in dict.fromkeys(keys):
+    rows = [s for k, s in problems if k == key]
+    per_task[key] = {m: float(np.mean([r[m] for r in rows])) for m in rows[0]}
+  agg = scoring.aggregate(scores, [tasks_lib.get(k).category for k in keys])
+  return {"per_task": per_task, "categories": agg["categories"], "overall": agg["overall"],
+          "num_problems": len(problems),
+          # per task, whether each problem was solved (SR@k): keep/exploration rates
+          "solved": {t: [bool(s[f"SR@{k}"]) for kk, s in problems if kk == t] for t in per_task}}
+
+
+def format_table(results: dict, before: dict | None = None, metrics=TABLE_METRICS) -> str:
+  """A text table per task and overall; with `before`, cells read 'before -> after'."""
+  head = f"{'task':24s}" + "".join(f"{m:>18s}" for m in metrics)
+  lines = [head, "-" * len(head)]
+  rows = list(results["per_task"].items()) + [("overall (category mean)", results["overall"])]
+  for name, vals in rows:
+    ref = before["per_task"].get(name) if before and name in before["per_task"] else (
+        before["overall"] if before and name.startswith("overall") else None)
+    cells = []
+    for m in metrics:
+      v = vals.get(m, float("nan"))
+      cells.append(f"{ref.get(m, float('nan')):7.3f} -> {v:6.3f}" if ref else f"{v:18.3f}")
+    lines.append(f"{name:24s}" + "".join(f"{c:>18s}" for c in cells))
+  return "\n".join(lines)

@@ -1,0 +1,134 @@
+"""Outputs of a run: metrics.jsonl, TensorBoard events, PNG plots, atomic JSON files."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+
+import numpy as np
+
+
+def write_json(obj, path: str) -> None:
+  """Write JSON atomically (temp file + rename): never a half-written result."""
+  d = os.path.dirname(os.path.abspath(path))
+  os.makedirs(d, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(obj, f, indent=1, default=float)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def read_json(path: str):
+  with open(path) as f:
+    return json.load(f)
+
+
+def _clean(v):
+  v = float(v)
+  return v if math.isfinite(v) else None
+
+
+class MetricsWriter:
+  """Appends one JSON line per logged step to metrics.jsonl; mirrors scalars to TensorBoard."""
+
+  def __init__(self, workdir: str, tensorboard: bool = True, resume_step: int | None = None):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    os.makedirs(workdir, exist_ok=True)
+    if resume_step is not None and os.path.exists(self.path):
+      # drop lines logged after the checkpoint we resume from (they will be redone)
+      with open(self.path) as f:
+        keep = [l for l in f if l.strip() and json.loads(l).get("step", -1) <= resume_step]
+      with open(self.path, "w") as f:
+        f.writelines(keep)
+    self.tb = None
+    if tensorboard:
+      try:
+        from tensorboardX import SummaryWriter
+        self.tb = SummaryWriter(os.path.join(workdir, "tb"))
+      except ImportError:
+        self.tb = None
+
+  def write(self, step: int, stage: str, metrics: dict) -> None:
+    row = {"step": int(step), "stage": stage}
+    row.update({k: _clean(v) for k, v in metrics.items()})
+    with open(self.path, "a") as f:
+      f.write(json.dumps(row) + "\n")
+    if self.tb is not None:
+      for k, v in row.items():
+        if k not in ("step", "stage") and v is not None:
+          self.tb.add_scalar(f"{stage}/{k}", v, step)
+
+  def close(self):
+    if self.tb is not None:
+      self.tb.close()
+
+
+def read_metrics(path: str) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(l) for l in f if l.strip()]
+
+
+TRAIN_PLOTS = (("reward_mean", "reward"), ("qr_mean", "quality ratio (mean over samples)"),
+               ("distinct", "distinct feasible solutions / group"), ("entropy", "token entropy"),
+               ("length", "response length (tokens)"))
+
+
+def plot_training(rows: list[dict], path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  rl = [r for r in rows if r.get("stage") == "rl"]
+  fig, axes = plt.subplots(1, len(TRAIN_PLOTS), figsize=(4 * len(TRAIN_PLOTS), 3.2))
+  for ax, (key, title) in zip(axes, TRAIN_PLOTS):
+    pts = [(r["step"], r[key]) for r in rl if r.get(key) is not None]
+    if pts:
+      x, y = zip(*pts)
+      ax.plot(x, y, lw=1, alpha=0.5)
+      if len(y) >= 5:
+        w = max(2, len(y) // 10)
+        ax.plot(x[w - 1:], np.convolve(y, np.ones(w) / w, mode="valid"), lw=2)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("step")
+  fig.tight_layout()
+  _save(fig, path)
+
+
+def plot_before_after(before: dict, after: dict, path: str,
+                      metrics=("QR@3", "QR_mean", "distinct")) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  names = list(after["per_task"])
+  fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.6))
+  x = np.arange(len(names) + 1)
+  for ax, m in zip(axes, metrics):
+    b = [before["per_task"][n][m] for n in names] + [before["overall"][m]]
+    a = [after["per_task"][n][m] for n in names] + [after["overall"][m]]
+    ax.bar(x - 0.2, b, 0.4, label="before RL")
+    ax.bar(x + 0.2, a, 0.4, label="after RL")
+    ax.set_xticks(x, [n[:10] for n in names] + ["overall"], rotation=60, fontsize=7)
+    ax.set_title(m, fontsize=9)
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+def _save(fig, path):
+  import matplotlib.pyplot as plt
+  d = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(dir=d, suffix=".png")
+  os.close(fd)
+  fig.savefig(tmp, dpi=110)
+  plt.close(fig)
+  os.replace(tmp, path)

@@ -1,0 +1,104 @@
+"""Device mesh, logical axis rules and sharding helpers.
+
+The mesh has three named axes: ``data`` (batch), ``fsdp`` (batch and
+parameters, ZeRO-3 style) and ``tensor`` (heads, MLP, vocab). Parameters
+carry logical axis names (``out_sharding`` metadata on every nnx.Param);
+``RULES`` maps them onto mesh axes. A dimension whose size does not divide by
+its mesh axes is replicated instead (tiny test models on 8 devices).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+AXES = ("data", "fsdp", "tensor")
+BATCH = ("data", "fsdp")
+RULES = {
+    "batch": BATCH,
+    "vocab": "tensor",
+    "embed": "fsdp",
+    "heads": "tensor",
+    "kv_heads": "tensor",
+    "mlp": "tensor",
+    "norm": None,
+}
+
+
+def make_mesh(shape: Mapping[str, int], devices=None) -> Mesh:
+  """A mesh with axes (data, fsdp, tensor); one axis may be -1 (all remaining devices)."""
+  devices = list(jax.devices() if devices is None else devices)
+  unknown = set(shape) - set(AXES)
+  if unknown:
+    raise ValueError(f"mesh has unknown axes {sorted(unknown)}; valid axes: {AXES}")
+  sizes = [int(shape.get(a, 1)) for a in AXES]
+  if sizes.count(-1) > 1:
+    raise ValueError(f"mesh: at most one axis may be -1, got {dict(zip(AXES, sizes))}")
+  if -1 in sizes:
+    rest = math.prod(s for s in sizes if s != -1)
+    if len(devices) % rest:
+      raise ValueError(f"mesh {dict(zip(AXES, sizes))}: {len(devices)} devices do not divide by {rest}")
+    sizes[sizes.index(-1)] = len(devices) // rest
+  if math.prod(sizes) != len(devices):
+    if math.prod(sizes) > len(devices) or any(s < 1 for s in sizes):
+      raise ValueError(f"mesh {dict(zip(AXES, sizes))} needs {math.prod(sizes)} devices; "
+                       f"{len(devices)} available")
+    devices = devices[:math.prod(sizes)]
+  return Mesh(np.asarray(devices).reshape(sizes), AXES)
+
+
+def _mesh_size(mesh: Mesh, axes) -> int:
+  if axes is None:
+    return 1
+  axes = (axes,) if isinstance(axes, str) else axes
+  return math.prod(mesh.shape[a] for a in axes)
+
+
+def logical_to_mesh(logical: P, shape, mesh: Mesh, rules=RULES) -> P:
+  """Map a PartitionSpec of logical names to mesh axes, replicating non-divisible dims."""
+  out = []
+  used = set()
+  for name, dim in zip(tuple(logical) + (None,) * (len(shape) - len(logical)), shape):
+    axes = rules.get(name) if name is not None else None
+    if axes is not None:
+      tup = (axes,) if isinstance(axes, str) else tuple(axes)
+      tup = tuple(a for a in tup if a not in used and mesh.shape[a] > 1)
+      if not tup or dim % _mesh_size(mesh, tup):
+        axes = None
+      else:
+        used.update(tup)
+        axes = tup[0] if len(tup) == 1 else tup
+    out.append(axes)
+  return P(*out)
+
+
+def param_shardings(params: nnx.State, mesh: Mesh, rules=RULES):
+  """NamedShardings for a params State from each parameter's logical axis names."""
+  specs = nnx.get_partition_spec(params)
+  return jax.tree.map(
+      lambda spec, x: NamedSharding(mesh, logical_to_mesh(spec, x.shape, mesh, rules)),
+      specs, params, is_leaf=lambda s: isinstance(s, P))
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """Leading (row) axis over data x fsdp, the rest replicated."""
+  return NamedSharding(mesh, P(BATCH, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def batch_rows(mesh: Mesh) -> int:
+  """Rows of a batch must divide by this (the data x fsdp size)."""
+  return _mesh_size(mesh, BATCH)
+
+
+def shard_batch(batch, mesh: Mesh):
+  """device_put every array of a batch pytree with rows over data x fsdp."""
+  return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, np.ndim(x))), batch)

@@ -1,0 +1,137 @@
+"""The jitted pieces of training: log-probs of completions, the SFT step and the RL update.
+
+Trainable params are a dict ``{"model": nnx.State[, "log_z": head]}`` (the
+FlowRL log Z head only for ``policy_loss="flowrl"``). Every step is a pure
+function of (params, opt_state, batch) jitted with explicit shardings and
+donated buffers; a non-finite loss or gradient leaves params and optimizer
+state untouched and reports ``skipped = 1``.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from dmpo_jax.objectives import common, flowrl, presets
+
+TRACES: collections.Counter = collections.Counter()  # compilations per step function
+
+
+def sequence_inputs(prompt_mask, completion_len: int):
+  """Positions [B, P+T] and attention mask [B, P+T, P+T] matching the sampler's.
+
+  Prompts are left-padded (prompt_mask [B, P]); completion slots are all valid
+  keys, as in the sampler's decode, and positions count each row's own tokens.
+  """
+  b, p = prompt_mask.shape
+  plen = prompt_mask.sum(-1).astype(jnp.int32)
+  pos = jnp.concatenate([jnp.maximum(jnp.cumsum(prompt_mask, -1) - 1, 0),
+                         plen[:, None] + jnp.arange(completion_len)[None]], axis=1).astype(jnp.int32)
+  valid = jnp.concatenate([prompt_mask.astype(bool), jnp.ones((b, completion_len), bool)], axis=1)
+  n = p + completion_len
+  causal = jnp.tril(jnp.ones((n, n), bool))
+  return pos, valid[:, None, :] & causal[None]
+
+
+def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
+                    entropy: bool = True, chunk: int | None = None) -> Callable:
+  """logprob_fn(params, seqs) -> {"logprobs", "entropy"[, "log_z"]}, shapes [..., T].
+
+  seqs: {"tokens": [..., P+T] (prompt then completion), "prompt_mask": [..., P]}.
+  """
+
+  def fn(params, seqs):
+    tokens, pmask = seqs["tokens"], seqs["prompt_mask"]
+    lead, n = tokens.shape[:-1], tokens.shape[-1]
+    t = n - prompt_len
+    tok = tokens.reshape(-1, n)
+    pm = pmask.reshape(-1, prompt_len)
+    pos, mask = sequence_inputs(pm, t)
+    model = nnx.merge(graphdef, params["model"])
+    h, _ = model.hidden(tok[:, :-1], pos[:, :-1], mask=mask[:, :-1, :-1])  # [B, P+T-1, D]
+    logits = model.unembed(h[:, prompt_len - 1:])  # predicts the T completion tokens
+    lp = common.token_logprobs(logits, tok[:, prompt_len:], temperature=temperature, chunk=chunk)
+    out = {"logprobs": lp.reshape(lead + (t,))}
+    if entropy:
+      ent = common.token_entropy(jax.lax.stop_gradient(logits), temperature=temperature)
+      out["entropy"] = ent.reshape(lead + (t,))
+    if "log_z" in params:
+      lz = flowrl.log_z_head(params["log_z"], h[:, :prompt_len], pm)
+      out["log_z"] = lz.reshape(lead)[..., 0]  # one log Z per prompt: first sample's
+    return out
+
+  return fn
+
+
+def _guarded_update(opt, loss, grads, params, opt_state):
+  """Apply the update only if loss and gradients are finite."""
+  finite = jnp.isfinite(loss) & jnp.all(jnp.asarray(
+      [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+  safe = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
+  updates, new_state = opt.update(safe, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  keep = lambda new, old: jnp.where(finite, new, old)
+  return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state),
+          1 - finite.astype(jnp.int32), optax.global_norm(safe))
+
+
+def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: int,
+                 temperature: float, *, shardings=None, chunk: int | None = None):
+  """(params, opt_state, batch) -> (params, opt_state, metrics)."""
+  logprob_fn = make_logprob_fn(graphdef, prompt_len, temperature=temperature, chunk=chunk)
+  loss_fn = presets.build_loss(obj_cfg, logprob_fn)
+
+  def step(params, opt_state, batch):
+    TRACES["rl_update"] += 1
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+    params, opt_state, skipped, gnorm = _guarded_update(opt, loss, grads, params, opt_state)
+    metrics = dict(metrics, skipped=skipped, grad_norm=gnorm)
+    return params, opt_state, metrics
+
+  return _jit(step, shardings)
+
+
+def make_sft_step(graphdef, opt, prompt_len: int, *, shardings=None):
+  """Cross-entropy on the answer tokens (completion mask), token mean."""
+  logprob_fn = make_logprob_fn(graphdef, prompt_len, entropy=False)
+
+  def step(params, opt_state, batch):
+    TRACES["sft_update"] += 1
+
+    def loss_fn(p):
+      lp = logprob_fn(p, batch["seqs"])["logprobs"]
+      m = batch["mask"].astype(jnp.float32)
+      return -jnp.sum(lp * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    params, opt_state, skipped, gnorm = _guarded_update(opt, loss, grads, params, opt_state)
+    return params, opt_state, {"loss": loss, "skipped": skipped, "grad_norm": gnorm}
+
+  return _jit(step, shardings)
+
+
+def make_logprob_eval(graphdef, prompt_len: int, temperature: float, *, shardings=None):
+  """Jitted (params, seqs) -> token log-probs (reference log-probs, DPH storage)."""
+  fn = make_logprob_fn(graphdef, prompt_len, temperature=temperature, entropy=False)
+
+  def run(params, seqs):
+    TRACES["logprobs"] += 1
+    return fn(params, seqs)["logprobs"]
+
+  if shardings is None:
+    return jax.jit(run)
+  p_sh, data_sh, _ = shardings
+  return jax.jit(run, in_shardings=(p_sh, data_sh), out_shardings=data_sh)
+
+
+def _jit(step, shardings):
+  if shardings is None:
+    return jax.jit(step, donate_argnums=(0, 1))
+  p_sh, o_sh, b_sh, rep = shardings
+  return jax.jit(step, in_shardings=(p_sh, o_sh, b_sh), out_shardings=(p_sh, o_sh, rep),
+                 donate_argnums=(0, 1))
