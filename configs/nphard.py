@@ -36,6 +36,7 @@ def get_config(arg: str | None = None):
   c.level = opts.get("level", "tiny")
   c.prompt_style = "compact"  # "compact" (from-scratch models) or "npbench"
   c.chat_template = False     # wrap npbench prompts in the tokenizer's chat template
+  c.stop_at_step = -1         # >= 0: save and exit after this global step (preemption drills, tests)
 
   c.model = config_dict.ConfigDict(dict(
       init="scratch",          # "scratch" or a local Hugging Face folder

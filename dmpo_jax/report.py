@@ -103,8 +103,9 @@ def plot_training(rows: list[dict], path: str) -> None:
   _save(fig, path)
 
 
-def plot_before_after(before: dict, after: dict, path: str,
-                      metrics=("QR@3", "QR_mean", "distinct")) -> None:
+def plot_before_after(before: dict | None, after: dict, path: str,
+                      metrics=("QR@3", "QR_mean", "distinct"), label: str = "policy") -> None:
+  """Per-task bars (and overall) of `metrics`; before=None draws one evaluation."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -113,10 +114,13 @@ def plot_before_after(before: dict, after: dict, path: str,
   fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.6))
   x = np.arange(len(names) + 1)
   for ax, m in zip(axes, metrics):
-    b = [before["per_task"][n][m] for n in names] + [before["overall"][m]]
     a = [after["per_task"][n][m] for n in names] + [after["overall"][m]]
-    ax.bar(x - 0.2, b, 0.4, label="before RL")
-    ax.bar(x + 0.2, a, 0.4, label="after RL")
+    if before is None:
+      ax.bar(x, a, 0.6, label=label)
+    else:
+      b = [before["per_task"][n][m] for n in names] + [before["overall"][m]]
+      ax.bar(x - 0.2, b, 0.4, label="before RL")
+      ax.bar(x + 0.2, a, 0.4, label="after RL")
     ax.set_xticks(x, [n[:10] for n in names] + ["overall"], rotation=60, fontsize=7)
     ax.set_title(m, fontsize=9)
   axes[0].legend(fontsize=8)

@@ -68,13 +68,17 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
   return fn
 
 
+def _all_finite(tree):
+  return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
 def _guarded_update(opt, loss, grads, params, opt_state):
-  """Apply the update only if loss and gradients are finite."""
-  finite = jnp.isfinite(loss) & jnp.all(jnp.asarray(
-      [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+  """Apply the update only if the loss, the gradients and the new params are all finite."""
+  finite = jnp.isfinite(loss) & _all_finite(grads)
   safe = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
   updates, new_state = opt.update(safe, opt_state, params)
   new_params = optax.apply_updates(params, updates)
+  finite = finite & _all_finite(new_params)
   keep = lambda new, old: jnp.where(finite, new, old)
   return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state),
           1 - finite.astype(jnp.int32), optax.global_norm(safe))

@@ -216,8 +216,9 @@ def train(cfg, workdir: str) -> dict:
   with ckpt_lib.StopSignal() as stop:
 
     def maybe_stop(at_step: int, stage: str) -> bool:
-      if stop.received is None:
+      if stop.received is None and at_step != cfg.stop_at_step:
         return False
+      stop.received = stop.received or f"config.stop_at_step={cfg.stop_at_step}"
       counters["times"] = times
       save(at_step, stage)
       print(f"\n{stop.received}: saved checkpoint at step {at_step}; rerun the same command to resume",
@@ -286,7 +287,7 @@ def train(cfg, workdir: str) -> dict:
       ref_params = jax.tree.map(jnp.copy, params) if need_ref else None  # the RL start policy
       P, G = cfg.rl.prompts_per_step, cfg.rl.group_size
       consecutive = 0
-      first_rl = step
+      first_rl, traces0 = step, steps.TRACES["rl_update"]
       while step < total:
         s = step - sft_steps
         t0 = time.time()
@@ -327,8 +328,9 @@ def train(cfg, workdir: str) -> dict:
         times["reward"] += t2 - t1
         times["update"] += t3 - t2
         step += 1
-        if cfg.rl.check_recompile and step - first_rl >= 2 and steps.TRACES["rl_update"] > 1:
-          raise TrainingError(f"the RL update recompiled ({steps.TRACES['rl_update']} traces); "
+        traces = steps.TRACES["rl_update"] - traces0
+        if cfg.rl.check_recompile and step - first_rl >= 2 and traces > 1:
+          raise TrainingError(f"the RL update recompiled ({traces} traces); "
                               "batch shapes must stay fixed")
         if int(m["skipped"]):
           consecutive += 1

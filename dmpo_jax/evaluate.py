@@ -1,0 +1,136 @@
+r"""Score a policy on NP tasks: a training workdir's checkpoint or a Hugging Face folder.
+
+    python -m dmpo_jax.evaluate --workdir=runs/default --out=runs/default/eval_easy --level=easy
+    python -m dmpo_jax.evaluate --hf=/models/Qwen2.5-1.5B-Instruct --style=npbench --chat \
+        --tasks=TSP,knapsack --level=easy --num=20 --samples=3 --out=eval/qwen
+    python -m dmpo_jax.evaluate --hf=runs/default/hf --npbench_file=bench.json --out=eval/file
+
+Writes eval.json (per task, category, overall: SR@k, QR@k, SR/QR means,
+pass@k, distinct feasible solutions, length), table.txt and eval.png to
+--out, and prints the table. Instances come from the generators (seeds from
+1,000,000, the held-out range) or from an NP-Bench JSON/JSONL file (its
+ground_truth is used when present).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import jax
+from absl import app, flags
+from flax import nnx
+from ml_collections import config_dict
+
+from dmpo_jax import checkpoint as ckpt_lib
+from dmpo_jax import evaluation, pipeline, report
+from dmpo_jax import tasks as tasks_lib
+from dmpo_jax.models import hf
+from dmpo_jax.sampling import sampler as sampler_lib
+from dmpo_jax.tasks import data as data_lib
+from dmpo_jax.tasks import rewards as rewards_lib
+
+flags.DEFINE_string("workdir", None, "a training workdir (its latest checkpoint and config)")
+flags.DEFINE_string("hf", None, "a local Hugging Face model folder")
+flags.DEFINE_string("out", None, "output folder")
+flags.DEFINE_string("tasks", "all", "comma-separated task keys or 'all'")
+flags.DEFINE_string("level", None, "level (default: the workdir's, else easy)")
+flags.DEFINE_integer("num", 12, "instances per task")
+flags.DEFINE_string("npbench_file", None, "score the instances of an NP-Bench JSON/JSONL file")
+flags.DEFINE_integer("samples", 8, "samples per instance")
+flags.DEFINE_integer("k", 3, "best-of-k for SR@k / QR@k (NP-Bench: 3)")
+flags.DEFINE_float("temperature", 0.7, "sampling temperature (NP-Bench: 0.7)")
+flags.DEFINE_integer("max_new_tokens", None, "default: the workdir's, else 1024")
+flags.DEFINE_integer("max_prompt_len", None, "default: the workdir's, else the longest prompt")
+flags.DEFINE_string("style", None, "prompt style: compact | npbench (default: workdir's, else npbench)")
+flags.DEFINE_bool("chat", False, "wrap prompts in the tokenizer's chat template")
+flags.DEFINE_string("compat", "strict", "verification rules: strict | npbench")
+flags.DEFINE_integer("batch_prompts", 8, "prompts per sampler call")
+flags.DEFINE_string("dtype", "float32", "compute dtype for --hf models")
+flags.DEFINE_integer("seed", 0, "sampling seed")
+FLAGS = flags.FLAGS
+
+
+def load_policy():
+  """(graphdef, params, tokenizer, defaults) from --workdir or --hf."""
+  if bool(FLAGS.workdir) == bool(FLAGS.hf):
+    raise app.UsageError("give exactly one of --workdir and --hf")
+  if FLAGS.hf:
+    model, tok = hf.load(FLAGS.hf, dtype=FLAGS.dtype)
+    if tok is None:
+      raise app.UsageError(f"{FLAGS.hf} has no tokenizer files")
+    graphdef, state = nnx.split(model)
+    return graphdef, state, tok, {}
+  from dmpo_jax import train as train_lib
+  cfg_path = os.path.join(FLAGS.workdir, "config.json")
+  if not os.path.exists(cfg_path):
+    raise app.UsageError(f"{FLAGS.workdir} is not a training workdir (no config.json)")
+  cfg = config_dict.ConfigDict(report.read_json(cfg_path))
+  model, tok = train_lib.build_model(cfg)
+  graphdef, state = nnx.split(model)
+  ck = ckpt_lib.Checkpointer(os.path.join(FLAGS.workdir, "checkpoints"))
+  step = ck.latest_step()
+  if step is None:
+    raise app.UsageError(f"{FLAGS.workdir} has no checkpoint yet")
+  params = {"model": state}
+  meta = ck.read_meta(step)
+  obj = train_lib.objective_from_config(cfg)
+  if obj.policy_loss == "flowrl":
+    from dmpo_jax.objectives import flowrl
+    params["log_z"] = flowrl.init_log_z_head(jax.random.key(0), model.cfg.hidden_size)
+  sft_opt = train_lib.make_optimizer(1.0, 2, 1, 1.0)
+  params, _, _ = ck.restore(step, params, sft_opt.init(params), train_lib.model_shape(model))
+  print(f"loaded {FLAGS.workdir} step {step} ({meta['stage']})")
+  return graphdef, params["model"], tok, {
+      "level": cfg.level, "style": cfg.prompt_style, "max_new_tokens": cfg.model.max_new_tokens,
+      "max_prompt_len": cfg.model.max_prompt_len, "chat": cfg.chat_template}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not FLAGS.out:
+    raise app.UsageError("--out is required")
+  graphdef, params, tok, d = load_policy()
+  style = FLAGS.style or d.get("style", "npbench")
+  level = FLAGS.level or d.get("level", "easy")
+  if FLAGS.npbench_file:
+    records = data_lib.read_npbench(FLAGS.npbench_file)
+    items = [(r["task_type"], r["question"]) for r in records]
+    gts = [float(r["ground_truth"]) if r.get("ground_truth") is not None else
+           tasks_lib.get(r["task_type"]).reference_value(r["question"]) for r in records]
+  else:
+    keys = tasks_lib.names() if FLAGS.tasks == "all" else FLAGS.tasks.split(",")
+    ts = pipeline.TaskSet(keys, level, 0)
+    items = ts.eval(FLAGS.num, level)
+    gts = [tasks_lib.get(k).reference_value(q) for k, q in items]
+  probe = pipeline.PromptEncoder(tok, style, 10**9, FLAGS.chat or d.get("chat", False))
+  longest = max(len(probe.encode(k, q)) for k, q in items)
+  plen = FLAGS.max_prompt_len or d.get("max_prompt_len") or longest
+  if longest > plen:
+    raise app.UsageError(f"the longest prompt has {longest} tokens > --max_prompt_len={plen}")
+  encoder = pipeline.PromptEncoder(tok, style, plen, FLAGS.chat or d.get("chat", False))
+  scfg = sampler_lib.SamplingConfig(max_new_tokens=FLAGS.max_new_tokens or d.get("max_new_tokens", 1024),
+                                    temperature=FLAGS.temperature, eos_id=tok.eos_token_id,
+                                    pad_id=encoder.pad)
+  sample = jax.jit(lambda p, pt, pm, rng: sampler_lib._generate(graphdef, p, pt, pm, rng, scfg))
+  def sample_fn(pt, pm, rng):
+    r = sample(params, pt, pm, rng)
+    return r.tokens, r.mask
+  res = evaluation.evaluate(sample_fn, encoder, items, samples=FLAGS.samples, k=FLAGS.k,
+                            pass_ks=tuple(sorted({1, FLAGS.k, FLAGS.samples})), rng=jax.random.key(FLAGS.seed),
+                            batch_prompts=FLAGS.batch_prompts, prompt_len=plen,
+                            reward_cfg=rewards_lib.RewardConfig(compat=FLAGS.compat),
+                            ground_truths=gts, progress=True)
+  os.makedirs(FLAGS.out, exist_ok=True)
+  report.write_json(res, os.path.join(FLAGS.out, "eval.json"))
+  table = evaluation.format_table(res)
+  with open(os.path.join(FLAGS.out, "table.txt"), "w") as f:
+    f.write(table + "\n")
+  report.plot_before_after(None, res, os.path.join(FLAGS.out, "eval.png"))
+  print(table)
+  print(f"wrote {FLAGS.out}/eval.json, table.txt, eval.png")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,184 @@
+"""The training CLI end to end on tiny configs: stages, outputs, resume, sharding, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from dmpo_jax import checkpoint as ckpt_lib
+from dmpo_jax import train as train_lib
+from dmpo_jax.models import hf
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "configs"))
+import nphard  # noqa: E402
+
+
+def smoke(arg="smoke", **over):
+  cfg = nphard.get_config(arg)
+  cfg.log.tensorboard = False
+  for path, value in over.items():
+    node = cfg
+    *parents, leaf = path.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return cfg
+
+
+def load_params(workdir):
+  """The final policy, from the HF export."""
+  model, _ = hf.load(os.path.join(workdir, "hf"))
+  from flax import nnx
+  return jax.tree.map(np.asarray, nnx.state(model, nnx.Param).to_pure_dict())
+
+
+def env():
+  e = dict(os.environ)
+  e["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  e["PYTHONPATH"] = REPO
+  return e
+
+
+def test_cli_smoke_dmpo(tmp_path):
+  wd = tmp_path / "run"
+  r = subprocess.run([sys.executable, "-m", "dmpo_jax.train", "--config=configs/nphard.py:smoke",
+                      f"--workdir={wd}", "--config.log.tensorboard=False"],
+                     cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "overall (category mean)" in r.stdout
+  for f in ("config.json", "metrics.jsonl", "eval_before.json", "eval_after.json", "results.json",
+            "training.png", "before_after.png", "hf/config.json", "hf/model.safetensors"):
+    assert (wd / f).exists(), f
+  rows = [json.loads(l) for l in open(wd / "metrics.jsonl")]
+  assert [r["stage"] for r in rows].count("sft") == 3 and [r["stage"] for r in rows].count("rl") == 3
+  assert all(np.isfinite(r["loss"]) for r in rows)
+  assert ckpt_lib.Checkpointer(str(wd / "checkpoints")).latest_step() == 6
+  res = json.loads((wd / "results.json").read_text())
+  assert len(res["after"]["per_task"]) == 10 and "overall" in res["after"]
+  # The exported policy opens in transformers.
+  from transformers import AutoModelForCausalLM
+  assert AutoModelForCausalLM.from_pretrained(str(wd / "hf")) is not None
+
+
+def test_dph_js_stage(tmp_path):
+  cfg = smoke("smoke,algo=dph_js")
+  res = train_lib.train(cfg, str(tmp_path))
+  store = np.load(tmp_path / "dph_store.npz")
+  assert store["pef_tokens"].shape[1] == cfg.model.max_prompt_len + cfg.model.max_new_tokens
+  assert len(store["exp_index"]) + len(store["pef_tokens"]) // cfg.dph.samples == cfg.dph.num_prompts
+  assert res["algo"] == "dph_js" and (tmp_path / "results.json").exists()
+
+
+def test_dph_with_stored_responses_adds_divergence(tmp_path):
+  # An untrained smoke model rarely solves anything, so plant a store by marking every
+  # prompt as D_pef (correct = feasible is replaced by a store we write ourselves).
+  cfg = smoke("smoke,algo=dph_f", **{"rl.steps": 2})
+  lp, lt = cfg.model.max_prompt_len, cfg.model.max_new_tokens
+  n = 8
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(5, 100, (n, lp + lt)).astype(np.int32)
+  np.savez(tmp_path / "dph_store.npz", pef_tokens=tokens, pef_prompt_mask=np.ones((n, lp), np.int32),
+           pef_mask=np.ones((n, lt), np.int32), pef_logprobs=np.full((n, lt), -4.0, np.float32),
+           exp_index=np.arange(4))
+  train_lib.train(cfg, str(tmp_path))
+  rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl") if '"rl"' in l]
+  assert rows and all(r.get("divergence") is not None and np.isfinite(r["divergence"]) for r in rows)
+
+
+def test_resume_is_exact(tmp_path):
+  over = {"sft.steps": 2, "rl.steps": 4, "checkpoint.every": 100, "checkpoint.export_hf": True}
+  a, b = tmp_path / "a", tmp_path / "b"
+  train_lib.train(smoke(**over), str(a))
+  out = train_lib.train(smoke(**over, stop_at_step=4), str(b))  # stops mid-RL
+  assert out == {"stopped": True, "step": 4}
+  assert ckpt_lib.Checkpointer(str(b / "checkpoints")).latest_step() == 4
+  train_lib.train(smoke(**over), str(b))  # resumes 4 -> 6
+  pa, pb = load_params(a), load_params(b)
+  for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
+    np.testing.assert_array_equal(x, y)
+  ra = [json.loads(l) for l in open(a / "metrics.jsonl")]
+  rb = [json.loads(l) for l in open(b / "metrics.jsonl")]
+  assert [r["step"] for r in ra] == [r["step"] for r in rb]
+  assert [r["loss"] for r in ra] == [r["loss"] for r in rb]
+
+
+def test_eight_devices_match_one(tmp_path):
+  assert jax.device_count() == 8
+  over = {"sft.steps": 1, "rl.steps": 1, "checkpoint.export_hf": True, "log.plots": False}
+  train_lib.train(smoke(**over, **{"mesh.data": 8}), str(tmp_path / "d8"))
+  train_lib.train(smoke(**over, **{"mesh.data": 1}), str(tmp_path / "d1"))
+  r8 = [json.loads(l) for l in open(tmp_path / "d8" / "metrics.jsonl")]
+  r1 = [json.loads(l) for l in open(tmp_path / "d1" / "metrics.jsonl")]
+  for x, y in zip(r8, r1):
+    assert x["loss"] == pytest.approx(y["loss"], rel=1e-5, abs=1e-6)
+  p8, p1 = load_params(tmp_path / "d8"), load_params(tmp_path / "d1")
+  for x, y in zip(jax.tree.leaves(p8), jax.tree.leaves(p1)):
+    # float32: the 8-way reductions sum in another order; 1e-5 relative is ~100 ulps.
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_config_fields_name_themselves(tmp_path):
+  r = subprocess.run([sys.executable, "-m", "dmpo_jax.train", "--config=configs/nphard.py:smoke",
+                      f"--workdir={tmp_path}", "--config.rl.no_such_field=1"],
+                     cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+  assert r.returncode != 0 and "no_such_field" in r.stderr
+  with pytest.raises(ValueError, match="unknown preset 'ppo_xyz'; choose one of .*dmpo"):
+    train_lib.train(smoke("smoke,algo=ppo_xyz"), str(tmp_path / "p"))
+  with pytest.raises(ValueError, match="unknown argument.*bogus"):
+    nphard.get_config("smoke,bogus=1")
+  with pytest.raises(ValueError, match=r"config.rl.group_size=1: grpo advantages need a group"):
+    train_lib.train(smoke(**{"rl.group_size": 1}), str(tmp_path / "g"))
+  with pytest.raises(ValueError, match=r"objective.agg='mean' is not one of"):
+    train_lib.train(smoke(**{"rl.objective.agg": "mean"}), str(tmp_path / "o"))
+
+
+def test_nonfinite_steps_stop_with_good_checkpoint(tmp_path):
+  # A NaN learning rate makes every RL update non-finite: each step is skipped and counted;
+  # the second in a row stops the run. SFT ends at step 3; step 4 (skipped) is saved.
+  cfg = smoke(**{"rl.lr": float("nan"), "rl.nonfinite_patience": 2,
+                 "rl.steps": 5, "checkpoint.every": 1})
+  with pytest.raises(train_lib.TrainingError, match="2 non-finite losses in a row.*checkpoint \\(4\\) is intact"):
+    train_lib.train(cfg, str(tmp_path))
+  ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
+  assert ck.latest_step() == 4 and ck.read_meta(4)["counters"]["nonfinite_total"] == 1
+  model, _ = train_lib.build_model(cfg)
+  from flax import nnx
+  _, state = nnx.split(model)
+  params = {"model": state}
+  opt = train_lib.make_optimizer(1e-3, 5, 1, 1.0)
+  p3, _, _ = ck.restore(3, params, opt.init(params), train_lib.model_shape(model))
+  p4, _, _ = ck.restore(4, params, opt.init(params), train_lib.model_shape(model))
+  for x, y in zip(jax.tree.leaves(p3), jax.tree.leaves(p4)):
+    assert np.isfinite(np.asarray(y)).all()
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # the NaN step changed nothing
+
+
+def test_other_model_shape_refused(tmp_path):
+  train_lib.train(smoke(**{"rl.steps": 1, "checkpoint.export_hf": False}), str(tmp_path))
+  with pytest.raises(ckpt_lib.CheckpointError, match="another model shape.*hidden_size: checkpoint 32 vs config 48"):
+    train_lib.train(smoke(**{"rl.steps": 2, "model.hidden_size": 48}), str(tmp_path))
+
+
+def test_sigint_saves_and_exits(tmp_path):
+  wd = tmp_path / "run"
+  p = subprocess.Popen([sys.executable, "-m", "dmpo_jax.train", "--config=configs/nphard.py:smoke",
+                        f"--workdir={wd}", "--config.rl.steps=400", "--config.checkpoint.every=1000",
+                        "--config.log.tensorboard=False"],
+                       cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  metrics = wd / "metrics.jsonl"
+  deadline = time.time() + 300
+  while time.time() < deadline and not (metrics.exists() and '"rl"' in metrics.read_text()):
+    time.sleep(0.5)
+  p.send_signal(signal.SIGINT)
+  out, err = p.communicate(timeout=300)
+  assert p.returncode == 0, err[-2000:]
+  assert "SIGINT: saved checkpoint at step" in out
+  step = ckpt_lib.Checkpointer(str(wd / "checkpoints")).latest_step()
+  assert 3 < step < 403   # past SFT, before the end: saved where it stopped
