@@ -57,6 +57,7 @@ def get_config(arg: str | None = None):
       algo=opts.get("algo", "dmpo"), steps=60, prompts_per_step=8, group_size=8, lr=3e-4,
       temperature=1.0, top_p=1.0, max_grad_norm=1.0,
       curriculum="",           # e.g. "easy:0,medium:100,hard:200" (RL step at which a level starts)
+      rollout_chunks=2,        # sample in pieces; the host scores one while the device samples the next
       nonfinite_patience=3,    # stop after this many non-finite steps in a row
       check_recompile=True,    # error if the update recompiles after its first step
   ))

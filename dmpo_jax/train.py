@@ -41,8 +41,12 @@ from dmpo_jax.sampling import sampler as sampler_lib
 from dmpo_jax.tasks import rewards as rewards_lib
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Training config (a .py file).", lock_config=True)
-flags.DEFINE_string("workdir", None, "Output folder; an existing run there is resumed.")
+
+
+def define_flags():
+  """CLI flags (defined only when run as a program, so other tools can import this module)."""
+  config_flags.DEFINE_config_file("config", None, "Training config (a .py file).", lock_config=True)
+  flags.DEFINE_string("workdir", None, "Output folder; an existing run there is resumed.")
 
 
 class TrainingError(RuntimeError):
@@ -72,6 +76,10 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
     raise ValueError(f"config.eval.k={cfg.eval.k} exceeds config.eval.samples={cfg.eval.samples}")
   if cfg.sft.batch_size % cfg.sft.solutions_per_instance:
     raise ValueError("config.sft.batch_size must divide by config.sft.solutions_per_instance")
+  chunks = cfg.rl.rollout_chunks
+  if chunks < 1 or cfg.rl.prompts_per_step % chunks or (cfg.rl.prompts_per_step // chunks * g) % rows:
+    raise ValueError(f"config.rl.rollout_chunks={chunks} must divide rl.prompts_per_step="
+                     f"{cfg.rl.prompts_per_step}, and each piece's rows by the mesh's data x fsdp ({rows})")
   if cfg.dph.correct not in ("feasible", "optimal"):
     raise ValueError(f"config.dph.correct={cfg.dph.correct!r}; choose 'feasible' or 'optimal'")
 
@@ -299,14 +307,13 @@ def train(cfg, workdir: str) -> dict:
         ids = [encoder.encode(k, q) for k, q in items]
         pt, pm = pipeline.pad_left(ids, lp, encoder.pad)
         pt, pm = np.repeat(pt, G, 0), np.repeat(pm, G, 0)
-        tokens, mask, old_lp = rl_sampler(params, pt, pm, jax.random.fold_in(base_key, step))
+        ref_fn = (lambda sq: logprob_eval(ref_params, sq)) if need_ref else None
+        tokens, mask_h, old_lp, ref_lp, rewards, stats, host_s = rollout_and_score(
+            rl_sampler, params, items, encoder, pt, pm, jax.random.fold_in(base_key, step), G,
+            cfg.rl.rollout_chunks, reward_cfg, ref_fn)
         seqs = {"tokens": jnp.concatenate([jnp.asarray(pt), tokens], 1).reshape(P, G, lp + lt),
                 "prompt_mask": jnp.asarray(pm).reshape(P, G, lp)}
-        ref_lp = logprob_eval(ref_params, seqs) if need_ref else None  # async: overlaps the host work
-        tokens_h, mask_h = np.asarray(tokens), np.asarray(mask)
         t1 = time.time()
-        texts = encoder.texts(tokens_h, mask_h)
-        rewards, stats = pipeline.score_groups(items, texts, G, reward_cfg)
         lengths = mask_h.sum(-1).reshape(P, G)
         comp_mask = mask_h.reshape(P, G, lt)
         if obj.overlong_cache:
@@ -318,14 +325,14 @@ def train(cfg, workdir: str) -> dict:
         batch = {"seqs": seqs, "mask": jnp.asarray(comp_mask), "old_logprobs": old_lp.reshape(P, G, lt),
                  "rewards": jnp.asarray(rewards)}
         if need_ref:
-          batch["ref_logprobs"] = ref_lp
+          batch["ref_logprobs"] = ref_lp.reshape(P, G, lt)
         if dph is not None and len(dph["pef_tokens"]):
           batch.update(dph_chunk(dph, s, cfg.dph.batch, lp))
         params, opt_state, m = rl_update(params, opt_state, batch)
         m = host(m)
         t3 = time.time()
-        times["rollout"] += t1 - t0
-        times["reward"] += t2 - t1
+        times["rollout"] += t1 - t0 - host_s
+        times["reward"] += t2 - t1 + host_s
         times["update"] += t3 - t2
         step += 1
         traces = steps.TRACES["rl_update"] - traces0
@@ -345,7 +352,8 @@ def train(cfg, workdir: str) -> dict:
         row.update(reward_mean=float(rewards.mean()), qr_mean=float(np.mean(np.minimum(stats["ratio"], 10))),
                    feasible=float(stats["feasible"].mean()), distinct=float(stats["distinct"].mean()),
                    solution_entropy=float(stats["solution_entropy"].mean()),
-                   length=float(lengths.mean()), rollout_s=t1 - t0, reward_s=t2 - t1, update_s=t3 - t2)
+                   length=float(lengths.mean()), rollout_s=t1 - t0 - host_s,
+                   reward_s=t2 - t1 + host_s, update_s=t3 - t2)
         if step % cfg.log.every == 0 or step == total:
           writer.write(step, "rl", row)
         if progress:
@@ -389,6 +397,37 @@ def train(cfg, workdir: str) -> dict:
 
 
 # ---------------------------------------------------------------------------
+def rollout_and_score(sampler, params, items, encoder, pt, pm, key, G, chunks, reward_cfg, ref_fn):
+  """Sample the step's rows in `chunks` pieces: while the host decodes and verifies piece c,
+  the device already samples piece c + 1 (and computes piece c's reference log-probs), so
+  reward computation does not stall the device. Returns device tokens [P*G, T], host mask,
+  device old log-probs, device reference log-probs (or None), rewards [P, G], stats, host seconds."""
+  per = len(items) // chunks
+  rows = per * G
+  launch = lambda c: sampler(params, pt[c * rows:(c + 1) * rows], pm[c * rows:(c + 1) * rows],
+                             jax.random.fold_in(key, c))
+  pending, outs, host_s = launch(0), [], 0.0
+  for c in range(chunks):
+    tokens, mask, logp = pending
+    if c + 1 < chunks:
+      pending = launch(c + 1)  # async dispatch: runs while the host scores piece c
+    ref = None
+    if ref_fn is not None:
+      seqs = {"tokens": jnp.concatenate([jnp.asarray(pt[c * rows:(c + 1) * rows]), tokens], 1),
+              "prompt_mask": jnp.asarray(pm[c * rows:(c + 1) * rows])}
+      ref = ref_fn(seqs)
+    tok_h, mask_h = np.asarray(tokens), np.asarray(mask)
+    h0 = time.time()
+    texts = encoder.texts(tok_h, mask_h)
+    r, st = pipeline.score_groups(items[c * per:(c + 1) * per], texts, G, reward_cfg)
+    host_s += time.time() - h0
+    outs.append((tokens, mask_h, logp, ref, r, st))
+  cat = lambda i: jnp.concatenate([o[i] for o in outs])
+  stats = {k: np.concatenate([o[5][k] for o in outs]) for k in outs[0][5]}
+  return (cat(0), np.concatenate([o[1] for o in outs]), cat(2),
+          cat(3) if ref_fn is not None else None, np.concatenate([o[4] for o in outs]), stats, host_s)
+
+
 def dph_presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, base_key, reward_cfg):
   """Sample k responses per training prompt from the initial policy; split D_pef / D_exp;
   store the correct D_pef responses with their per-token log-probs (dph_store.npz)."""
@@ -465,4 +504,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -182,3 +182,27 @@ def test_sigint_saves_and_exits(tmp_path):
   assert "SIGINT: saved checkpoint at step" in out
   step = ckpt_lib.Checkpointer(str(wd / "checkpoints")).latest_step()
   assert 3 < step < 403   # past SFT, before the end: saved where it stopped
+
+
+def test_qwen_config_trains_a_local_hf_folder(tmp_path):
+  """configs/nphard_qwen.py on a tiny random Qwen2 folder (task tokenizer saved in it):
+  HF init, npbench prompts, bf16 compute, no SFT, one RL step, HF export."""
+  from tests.helpers import tiny_hf
+  from dmpo_jax.models import tokenizer
+  import nphard_qwen
+  folder = tmp_path / "qwen"
+  tok = tokenizer.build(str(folder))
+  tiny_hf(str(folder), vocab=-(-len(tok) // 8) * 8)
+  cfg = nphard_qwen.get_config(str(folder))
+  cfg.tasks, cfg.level, cfg.chat_template = "subset-sum", "tiny", False  # the task tokenizer has no chat template
+  cfg.model.update(max_prompt_len=640, max_new_tokens=8)
+  cfg.rl.update(steps=1, prompts_per_step=8, group_size=2)
+  cfg.eval.update(num_per_task=1, samples=3, batch_prompts=8)
+  cfg.mesh.update(data=1, fsdp=-1)
+  cfg.log.update(tensorboard=False, progress=False)
+  res = train_lib.train(cfg, str(tmp_path / "run"))
+  assert res["steps"] == {"sft": 0, "rl": 1}
+  model, _ = hf.load(str(tmp_path / "run" / "hf"))
+  assert model.cfg.hidden_size == 64
+  with pytest.raises(ValueError, match="needs a model folder"):
+    nphard_qwen.get_config(None)

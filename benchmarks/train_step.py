@@ -1,0 +1,119 @@
+"""One full RL step, split: rollout (our sampler), reward (host: decode + verify), update.
+
+    python benchmarks/train_step.py
+
+Shapes: the policy issue's benchmark (8 prompts x 8 samples, prompt 64, 128
+new tokens, EOS off, the Qwen2-shaped model: vocab 512, hidden 256, 4
+layers, 4 heads, 2 KV heads, ffn 704), for `grpo` and `dmpo`. The update is
+the training loop's jitted step (steps.make_rl_step: forward, backward,
+AdamW, non-finite guard). Its achieved FLOP/s (3 x the forward's matmul
+FLOPs over its time) is printed as a fraction of the float32 matmul rate
+measured in the same run. Rewards: completions are decoded with the task
+tokenizer (ids modulo its vocabulary) and verified against a TSP instance,
+the host work a real step does. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def update_flops(cfg, rows: int, length: int) -> float:
+  """Forward matmul FLOPs on [rows, length] (full masked attention), times 3 for fwd + bwd."""
+  d, f, h = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+  n, k, layers = cfg.num_heads, cfg.num_kv_heads, cfg.num_layers
+  per_token = 2 * layers * (d * n * h * 2 + d * k * h * 2 + 3 * d * f) + 2 * d * cfg.vocab_size
+  attn = 4 * layers * n * h * length * length
+  return 3.0 * rows * (per_token * length + attn)
+
+
+def main(argv=None):
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from dmpo_jax import pipeline, steps
+  from dmpo_jax import tasks as tasks_lib
+  from dmpo_jax.models import tokenizer
+  from dmpo_jax.models.hf import config_from_hf
+  from dmpo_jax.models.transformer import Transformer
+  from dmpo_jax.objectives import presets
+  from dmpo_jax.sampling import sampler as sampler_lib
+  from dmpo_jax.tasks import rewards as rewards_lib
+  from dmpo_jax.train import make_optimizer
+  from sampler import DEFAULT_CONFIG, matmul_rate
+
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--reps", type=int, default=5)
+  args = ap.parse_args(argv)
+
+  P, G, LP, LT = 8, 8, 64, 128
+  cfg = config_from_hf(DEFAULT_CONFIG)
+  graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  params = {"model": state}
+  rng = np.random.default_rng(0)
+  pt = np.repeat(rng.integers(3, cfg.vocab_size, (P, LP)).astype(np.int32), G, 0)
+  pm = np.ones_like(pt)
+  scfg = sampler_lib.SamplingConfig(max_new_tokens=LT, temperature=1.0)
+  sample = jax.jit(lambda p, a, b, r: sampler_lib._generate(graphdef, p["model"], a, b, r, scfg))
+  tok = tokenizer.build()
+  enc = pipeline.PromptEncoder(tok, "compact", LP)
+  task = tasks_lib.get("TSP")
+  items = [("TSP", task.generate(i, "tiny")) for i in range(P)]
+  reward_cfg = rewards_lib.RewardConfig()
+  gts = [task.reference_value(q) for _, q in items]
+
+  def one_step(update, params, opt_state, i):
+    t0 = time.perf_counter()
+    r = sample(params, pt, pm, jax.random.key(i))
+    tokens = np.asarray(r.tokens)
+    t1 = time.perf_counter()
+    texts = enc.texts(tokens % len(tok), np.asarray(r.mask))
+    rewards, _ = pipeline.score_groups(items, texts, G, reward_cfg, gts)
+    t2 = time.perf_counter()
+    batch = {"seqs": {"tokens": jnp.concatenate([jnp.asarray(pt), r.tokens], 1).reshape(P, G, LP + LT),
+                      "prompt_mask": jnp.asarray(pm).reshape(P, G, LP)},
+             "mask": r.mask.reshape(P, G, LT), "old_logprobs": r.logprobs.reshape(P, G, LT),
+             "rewards": jnp.asarray(rewards + rng.normal(0, 0.1, rewards.shape).astype(np.float32))}
+    params, opt_state, m = update(params, opt_state, batch)
+    jax.block_until_ready(m["loss"])
+    t3 = time.perf_counter()
+    return params, opt_state, (t1 - t0, t2 - t1, t3 - t2)
+
+  rate = matmul_rate()
+  flops = update_flops(cfg, P * G, LP + LT - 1)
+  out = {"matmul_gflops": rate / 1e9, "update_gflop": flops / 1e9}
+  print(f"RL step, {P} prompts x {G} samples, prompt {LP}, {LT} new tokens; backend {jax.default_backend()}; "
+        f"measured matmul rate {rate / 1e9:.0f} GFLOP/s")
+  for name in ("grpo", "dmpo"):
+    opt = make_optimizer(1e-5, 100, 1, 1.0)
+    update = steps.make_rl_step(graphdef, presets.objective_config(name), opt, LP, 1.0)
+    p = jax.tree.map(jnp.copy, params)
+    o = opt.init(p)
+    p, o, _ = one_step(update, p, o, 0)  # compile
+    best = None
+    for i in range(args.reps):
+      p, o, t = one_step(update, p, o, i + 1)
+      best = t if best is None else tuple(min(a, b) for a, b in zip(best, t))
+    total = sum(best)
+    frac = flops / best[2] / rate
+    out[name] = {"rollout_s": best[0], "reward_s": best[1], "update_s": best[2],
+                 "update_gflops": flops / best[2] / 1e9, "update_fraction_of_matmul_rate": frac}
+    print(f"  {name:5s} rollout {best[0] * 1e3:7.1f} ms ({100 * best[0] / total:4.1f}%)  "
+          f"reward {best[1] * 1e3:6.1f} ms ({100 * best[1] / total:4.1f}%)  "
+          f"update {best[2] * 1e3:7.1f} ms ({100 * best[2] / total:4.1f}%)  "
+          f"update {flops / best[2] / 1e9:6.1f} GFLOP/s = {100 * frac:.0f}% of the matmul rate (target >= 50%)")
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  main()
