@@ -34,6 +34,9 @@ setup(
             "tensorflow-datasets",
             "array_record",
             "importlib_resources",
+            "nbclient",  # executes the notebooks
+            "nbformat",
+            "ipykernel",
         ],
         # The TFDS builder (array_record files, no TensorFlow needed).
         "data": ["tensorflow-datasets", "array_record", "importlib_resources"],

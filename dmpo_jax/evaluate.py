@@ -18,7 +18,7 @@ import os
 import sys
 
 import jax
-from absl import app, flags
+from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_dict
 
@@ -91,6 +91,8 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not FLAGS.out:
     raise app.UsageError("--out is required")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
   graphdef, params, tok, d = load_policy()
   style = FLAGS.style or d.get("style", "npbench")
   level = FLAGS.level or d.get("level", "easy")

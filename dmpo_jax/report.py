@@ -83,12 +83,11 @@ TRAIN_PLOTS = (("reward_mean", "reward"), ("qr_mean", "quality ratio (mean over 
 
 
 def plot_training(rows: list[dict], path: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from matplotlib.figure import Figure  # no pyplot: never switches the caller's backend
 
   rl = [r for r in rows if r.get("stage") == "rl"]
-  fig, axes = plt.subplots(1, len(TRAIN_PLOTS), figsize=(4 * len(TRAIN_PLOTS), 3.2))
+  fig = Figure(figsize=(4 * len(TRAIN_PLOTS), 3.2))
+  axes = fig.subplots(1, len(TRAIN_PLOTS))
   for ax, (key, title) in zip(axes, TRAIN_PLOTS):
     pts = [(r["step"], r[key]) for r in rl if r.get(key) is not None]
     if pts:
@@ -106,12 +105,11 @@ def plot_training(rows: list[dict], path: str) -> None:
 def plot_before_after(before: dict | None, after: dict, path: str,
                       metrics=("QR@3", "QR_mean", "distinct"), label: str = "policy") -> None:
   """Per-task bars (and overall) of `metrics`; before=None draws one evaluation."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from matplotlib.figure import Figure
 
   names = list(after["per_task"])
-  fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.6))
+  fig = Figure(figsize=(5 * len(metrics), 3.6))
+  axes = fig.subplots(1, len(metrics))
   x = np.arange(len(names) + 1)
   for ax, m in zip(axes, metrics):
     a = [after["per_task"][n][m] for n in names] + [after["overall"][m]]
@@ -129,10 +127,8 @@ def plot_before_after(before: dict | None, after: dict, path: str,
 
 
 def _save(fig, path):
-  import matplotlib.pyplot as plt
   d = os.path.dirname(os.path.abspath(path))
   fd, tmp = tempfile.mkstemp(dir=d, suffix=".png")
   os.close(fd)
   fig.savefig(tmp, dpi=110)
-  plt.close(fig)
   os.replace(tmp, path)

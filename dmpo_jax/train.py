@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from absl import app, flags
+from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
@@ -496,6 +496,8 @@ def main(argv):
     raise app.UsageError("--config is required, e.g. --config=configs/nphard.py")
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required")
+  if not FLAGS["verbosity"].present:  # orbax logs every save at INFO; -v 0 brings it back
+    logging.set_verbosity(logging.WARNING)
   try:
     train(FLAGS.config, FLAGS.workdir)
   except (TrainingError, ckpt_lib.CheckpointError, ValueError, KeyError) as e:
