@@ -31,6 +31,9 @@ class Checkpointer:
     return self.mngr.latest_step()
 
   def save(self, step: int, params, opt_state, meta: dict) -> None:
+    """Save (synchronously); a step that is already saved is left as it is."""
+    if step in self.mngr.all_steps():
+      return
     self.mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
         meta=ocp.args.JsonSave(meta)), force=True)

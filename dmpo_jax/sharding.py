@@ -102,3 +102,13 @@ def batch_rows(mesh: Mesh) -> int:
 def shard_batch(batch, mesh: Mesh):
   """device_put every array of a batch pytree with rows over data x fsdp."""
   return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, np.ndim(x))), batch)
+
+
+def init_opt_state(opt, params, param_sharding, mesh: Mesh):
+  """Optimizer state placed like the params it mirrors (AdamW mu and nu are FSDP-sharded with
+  their params); non-parameter leaves (step counts) are replicated. Returns (state, shardings)."""
+  import optax
+  abstract = jax.eval_shape(opt.init, params)
+  shardings = optax.tree_map_params(opt, lambda _, s: s, abstract, param_sharding,
+                                    transform_non_params=lambda _: replicated(mesh))
+  return jax.jit(opt.init, out_shardings=shardings)(params), shardings

@@ -169,10 +169,8 @@ def train(cfg, workdir: str) -> dict:
   sft_opt = make_optimizer(cfg.sft.lr, sft_steps, cfg.sft.warmup, 1.0)
   rl_opt = make_optimizer(cfg.rl.lr, rl_steps, 1, cfg.rl.max_grad_norm)
   def init_opt(opt):
-    """Optimizer state on the mesh: moments follow their params, scalars replicated."""
-    state = jax.jit(opt.init)(params)
-    on_mesh = lambda x: x.sharding if getattr(x.sharding, "mesh", None) == mesh else rep
-    return jax.device_put(state, jax.tree.map(on_mesh, state))
+    """Optimizer state on the mesh: moments sharded like their params, counts replicated."""
+    return sharding.init_opt_state(opt, params, p_sh, mesh)[0]
 
   opt_state = init_opt(sft_opt if sft_steps else rl_opt)
   o_sh = jax.tree.map(lambda x: x.sharding, opt_state)

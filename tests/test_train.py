@@ -96,7 +96,9 @@ def test_resume_is_exact(tmp_path):
   over = {"sft.steps": 2, "rl.steps": 4, "checkpoint.every": 100, "checkpoint.export_hf": True}
   a, b = tmp_path / "a", tmp_path / "b"
   train_lib.train(smoke(**over), str(a))
-  out = train_lib.train(smoke(**over, stop_at_step=4), str(b))  # stops mid-RL
+  out = train_lib.train(smoke(**over, stop_at_step=2), str(b))  # stops at the end of SFT
+  assert out == {"stopped": True, "step": 2}
+  out = train_lib.train(smoke(**over, stop_at_step=4), str(b))  # resumes, stops mid-RL
   assert out == {"stopped": True, "step": 4}
   assert ckpt_lib.Checkpointer(str(b / "checkpoints")).latest_step() == 4
   train_lib.train(smoke(**over), str(b))  # resumes 4 -> 6
@@ -109,19 +111,52 @@ def test_resume_is_exact(tmp_path):
   assert [r["loss"] for r in ra] == [r["loss"] for r in rb]
 
 
-def test_eight_devices_match_one(tmp_path):
+@pytest.fixture(scope="module")
+def one_device_run(tmp_path_factory):
+  wd = tmp_path_factory.mktemp("d1")
+  train_lib.train(smoke(**TWO_STEPS, **{"mesh.data": 1}), str(wd))
+  return wd
+
+
+TWO_STEPS = {"sft.steps": 1, "rl.steps": 1, "checkpoint.export_hf": True, "log.plots": False}
+
+
+@pytest.mark.parametrize("mesh", [(8, 1, 1), (2, 4, 1), (2, 2, 2)])
+def test_meshes_match_one_device(mesh, tmp_path, one_device_run):
   assert jax.device_count() == 8
-  over = {"sft.steps": 1, "rl.steps": 1, "checkpoint.export_hf": True, "log.plots": False}
-  train_lib.train(smoke(**over, **{"mesh.data": 8}), str(tmp_path / "d8"))
-  train_lib.train(smoke(**over, **{"mesh.data": 1}), str(tmp_path / "d1"))
-  r8 = [json.loads(l) for l in open(tmp_path / "d8" / "metrics.jsonl")]
-  r1 = [json.loads(l) for l in open(tmp_path / "d1" / "metrics.jsonl")]
+  shape = dict(zip(("mesh.data", "mesh.fsdp", "mesh.tensor"), mesh))
+  train_lib.train(smoke(**TWO_STEPS, **shape), str(tmp_path))
+  r8 = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  r1 = [json.loads(l) for l in open(one_device_run / "metrics.jsonl")]
+  assert len(r8) == len(r1) == 2
   for x, y in zip(r8, r1):
     assert x["loss"] == pytest.approx(y["loss"], rel=1e-5, abs=1e-6)
-  p8, p1 = load_params(tmp_path / "d8"), load_params(tmp_path / "d1")
+  p8, p1 = load_params(tmp_path), load_params(one_device_run)
   for x, y in zip(jax.tree.leaves(p8), jax.tree.leaves(p1)):
-    # float32: the 8-way reductions sum in another order; 1e-5 relative is ~100 ulps.
+    # float32: sharded reductions sum in another order; 1e-5 relative is ~100 ulps.
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_parameters_sharded_as_the_rules_say():
+  from flax import nnx
+  from jax.sharding import PartitionSpec as P
+  from dmpo_jax import sharding
+  model, _ = train_lib.build_model(smoke())
+  _, state = nnx.split(model)
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  sh = sharding.param_shardings(state, mesh)
+  placed = jax.device_put(state, sh)
+  # hidden 32 (embed -> fsdp), mlp 64 (-> tensor), vocab 128 (-> tensor), heads x head_dim
+  # (-> tensor); a dimension that does not divide by its mesh axes is replicated.
+  assert placed["embed"].sharding.spec == P("tensor", "fsdp")
+  assert placed["layers"][0]["mlp"]["gate"].sharding.spec == P("fsdp", "tensor")
+  assert placed["layers"][0]["mlp"]["down"].sharding.spec == P("tensor", "fsdp")
+  assert placed["layers"][0]["attn"]["q"].sharding.spec == P("fsdp", "tensor")
+  assert sharding.logical_to_mesh(P("embed", "kv_heads"), (32, 15), mesh) == P("fsdp", None)
+  assert sharding.logical_to_mesh(P("vocab", "embed"), (128, 32), sharding.make_mesh({"data": -1})) == P(None, None)
+  assert placed["final_norm"]["scale"].sharding.spec == P(None)
+  shard_shape = placed["layers"][0]["mlp"]["gate"].sharding.shard_shape((32, 64))
+  assert shard_shape == (16, 32)
 
 
 def test_bad_config_fields_name_themselves(tmp_path):

@@ -1,0 +1,188 @@
+r"""Memory planner: bytes per device for params, optimizer state, gradients, activations, KV cache.
+
+    python -m dmpo_jax.plan --model=qwen2.5-7b --mesh=data=1,fsdp=8,tensor=1 --device_gib=141
+    python -m dmpo_jax.plan --config=configs/nphard_qwen.py:/models/Qwen2.5-1.5B-Instruct
+
+Parameters and optimizer state are exact: the model is built abstractly
+(`nnx.eval_shape`, no weights) and every parameter is divided over the mesh
+axes its logical names map to (the same rules and divisibility fallback as
+training). Activations and the KV cache are estimates from the shapes
+(stated in `activation_note`). A plan that does not fit is refused with the
+numbers that do not fit (exit status 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import types
+
+import jax
+import numpy as np
+
+from dmpo_jax import sharding
+from dmpo_jax.models.config import ModelConfig, as_dtype
+
+# Published Qwen2.5-Instruct shapes (config.json of each model).
+MODELS = {
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_layers=24,
+                         num_heads=14, num_kv_heads=2, head_dim=64, qkv_bias=True, tie_embeddings=True,
+                         rope_theta=1e6),
+    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_layers=28,
+                         num_heads=12, num_kv_heads=2, head_dim=128, qkv_bias=True, tie_embeddings=True,
+                         rope_theta=1e6),
+    "qwen2.5-7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
+                       num_heads=28, num_kv_heads=4, head_dim=128, qkv_bias=True, tie_embeddings=False,
+                       rope_theta=1e6),
+}
+
+GIB = 1024 ** 3
+
+
+@dataclasses.dataclass
+class Workload:
+  prompts: int = 32          # prompts per RL step (global)
+  group: int = 8             # samples per prompt
+  prompt_len: int = 2048
+  new_tokens: int = 1024
+  remat: bool = False        # activation checkpointing per layer
+
+
+def _fake_mesh(shape: dict):
+  return types.SimpleNamespace(shape={a: int(shape.get(a, 1)) for a in sharding.AXES})
+
+
+def param_bytes_per_device(cfg: ModelConfig, mesh_shape: dict) -> tuple[int, int, int]:
+  """(bytes per device, total bytes, number of params) of the model's parameters."""
+  from flax import nnx
+  from dmpo_jax.models.transformer import Transformer
+  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  state = nnx.state(abstract, nnx.Param)
+  specs = nnx.get_partition_spec(state)
+  mesh = _fake_mesh(mesh_shape)
+  per_dev = total = count = 0
+  for spec, x in zip(jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)),
+                     jax.tree.leaves(state)):
+    n = int(np.prod(x.shape))
+    nbytes = n * np.dtype(x.dtype).itemsize
+    mapped = sharding.logical_to_mesh(spec, x.shape, mesh)
+    div = 1
+    for axes in mapped:
+      if axes is not None:
+        for a in ((axes,) if isinstance(axes, str) else axes):
+          div *= mesh.shape[a]
+    per_dev += -(-nbytes // div)
+    total += nbytes
+    count += n
+  return per_dev, total, count
+
+
+def plan(cfg: ModelConfig, mesh_shape: dict, work: Workload, device_bytes: float | None = None) -> dict:
+  ndev = math.prod(int(v) for v in mesh_shape.values())
+  rows_div = int(mesh_shape.get("data", 1)) * int(mesh_shape.get("fsdp", 1))
+  tensor = int(mesh_shape.get("tensor", 1))
+  p_dev, p_total, n_params = param_bytes_per_device(cfg, mesh_shape)
+  opt = 2 * p_dev            # AdamW mu and nu, in the parameter dtype, sharded like the params
+  grads = p_dev
+  act_bytes = np.dtype(as_dtype(cfg.dtype)).itemsize
+  rows = work.prompts * work.group
+  rows_dev = -(-rows // rows_div)
+  seq = work.prompt_len + work.new_tokens
+  d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
+  heads_dev = -(-cfg.num_heads // tensor) if cfg.num_heads % tensor == 0 else cfg.num_heads
+  # Saved per token per layer for the backward pass: residual, 2 norms, q/k/v/o (~6d),
+  # the MLP's gate, up and activation (3f), and the attention probabilities (heads x seq).
+  per_layer = rows_dev * seq * ((6 * d + 3 * f / tensor) * act_bytes + heads_dev * seq * 4)
+  layers_saved = 1 if work.remat else L
+  acts = per_layer * layers_saved + (rows_dev * seq * d * act_bytes * L if work.remat else 0)
+  logits = rows_dev * work.new_tokens * cfg.vocab_size * 4 / (tensor if cfg.vocab_size % tensor == 0 else 1)
+  kv_heads_dev = cfg.num_kv_heads // tensor if cfg.num_kv_heads % tensor == 0 else cfg.num_kv_heads
+  kv = rows_dev * seq * L * 2 * kv_heads_dev * cfg.head_dim * act_bytes
+  train_total = p_dev + opt + grads + acts + logits
+  sample_total = p_dev + opt + kv + rows_dev * cfg.vocab_size * 4
+  out = {"devices": ndev, "mesh": dict(mesh_shape), "params": n_params, "param_bytes_total": p_total,
+         "param_bytes": p_dev, "optimizer_bytes": opt, "grad_bytes": grads, "activation_bytes": acts,
+         "logit_bytes": logits, "kv_cache_bytes": kv, "update_peak_bytes": train_total,
+         "sampling_peak_bytes": sample_total, "rows_per_device": rows_dev,
+         "activation_note": "activations, logits and KV cache are shape estimates; params and "
+                            "optimizer state are exact"}
+  if device_bytes is not None:
+    out["device_bytes"] = device_bytes
+    out["fits"] = max(train_total, sample_total) <= device_bytes
+  return out
+
+
+def format_plan(name: str, p: dict) -> str:
+  g = lambda b: f"{b / GIB:8.2f} GiB"
+  lines = [f"{name}: {p['params'] / 1e9:.3f} B params on {p['devices']} device(s), mesh {p['mesh']}, "
+           f"{p['rows_per_device']} rows per device",
+           f"  params        {g(p['param_bytes'])}   (total {p['param_bytes_total'] / GIB:.2f} GiB)",
+           f"  optimizer     {g(p['optimizer_bytes'])}   (AdamW mu + nu)",
+           f"  gradients     {g(p['grad_bytes'])}",
+           f"  activations   {g(p['activation_bytes'])}   (estimate)",
+           f"  logits f32    {g(p['logit_bytes'])}   (estimate)",
+           f"  KV cache      {g(p['kv_cache_bytes'])}   (estimate)",
+           f"  update peak   {g(p['update_peak_bytes'])}",
+           f"  sampling peak {g(p['sampling_peak_bytes'])}"]
+  if "fits" in p:
+    lines.append(f"  device        {g(p['device_bytes'])}   -> {'fits' if p['fits'] else 'DOES NOT FIT'}")
+  return "\n".join(lines)
+
+
+def _parse_mesh(text: str) -> dict:
+  out = {}
+  for part in filter(None, text.split(",")):
+    k, _, v = part.partition("=")
+    if k not in sharding.AXES:
+      raise ValueError(f"--mesh: unknown axis {k!r}; axes are {sharding.AXES}")
+    out[k] = int(v)
+  return out
+
+
+def main(argv=None):
+  import argparse
+  ap = argparse.ArgumentParser(description="Per-device memory plan for a model, mesh and RL workload.")
+  ap.add_argument("--model", choices=sorted(MODELS), help="a published model shape")
+  ap.add_argument("--config", help="a training config file[:arg] (its model folder's config.json)")
+  ap.add_argument("--mesh", default="data=1,fsdp=8,tensor=1")
+  ap.add_argument("--device_gib", type=float, default=141.0, help="memory per device (H200: 141)")
+  ap.add_argument("--prompts", type=int, default=32)
+  ap.add_argument("--group", type=int, default=8)
+  ap.add_argument("--prompt_len", type=int, default=2048)
+  ap.add_argument("--new_tokens", type=int, default=1024)
+  ap.add_argument("--dtype", default="bfloat16")
+  ap.add_argument("--remat", action="store_true")
+  args = ap.parse_args(argv)
+  mesh = _parse_mesh(args.mesh)
+  work = Workload(args.prompts, args.group, args.prompt_len, args.new_tokens, args.remat)
+  if args.config:
+    import importlib.util, json, os
+    path, _, arg = args.config.partition(":")
+    spec = importlib.util.spec_from_file_location("cfgmod", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config(arg or None)
+    from dmpo_jax.models.hf import config_from_hf
+    with open(os.path.join(c.model.init, "config.json")) as fh:
+      cfg = config_from_hf(json.load(fh), dtype=c.model.dtype, param_dtype=c.model.param_dtype)
+    mesh = {k: v for k, v in dict(c.mesh).items() if v != -1} or mesh
+    work = Workload(c.rl.prompts_per_step, c.rl.group_size, c.model.max_prompt_len,
+                    c.model.max_new_tokens, args.remat)
+    name = c.model.init
+  elif args.model:
+    cfg = ModelConfig(**MODELS[args.model], dtype=args.dtype, param_dtype="float32")
+    name = args.model
+  else:
+    ap.error("give --model or --config")
+  p = plan(cfg, mesh, work, args.device_gib * GIB)
+  print(format_plan(name, p))
+  if not p["fits"]:
+    need = max(p["update_peak_bytes"], p["sampling_peak_bytes"]) / GIB
+    print(f"error: the plan needs {need:.1f} GiB per device but a device has {args.device_gib:.1f} GiB; "
+          "use more fsdp devices, --remat, fewer prompts or shorter sequences", file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  main()
