@@ -45,6 +45,7 @@ def get_config(arg: str | None = None):
       head_dim=32, rope_theta=10000.0, dtype="float32", param_dtype="float32",
       max_prompt_len=160,      # prompts are left-padded to this (fixed shapes)
       max_new_tokens=32,
+      remat=False,             # activation checkpointing per layer in the update
   ))
   c.sft = config_dict.ConfigDict(dict(
       steps=400, batch_size=32, lr=2e-3, warmup=40, solutions_per_instance=4,
@@ -57,7 +58,8 @@ def get_config(arg: str | None = None):
       algo=opts.get("algo", "dmpo"), steps=60, prompts_per_step=8, group_size=8, lr=3e-4,
       temperature=1.0, top_p=1.0, max_grad_norm=1.0,
       curriculum="",           # e.g. "easy:0,medium:100,hard:200" (RL step at which a level starts)
-      rollout_chunks=2,        # sample in pieces; the host scores one while the device samples the next
+      rollout_chunks=2,
+      micro_batches=1,         # gradient accumulation: the update runs over this many slices of prompts        # sample in pieces; the host scores one while the device samples the next
       nonfinite_patience=3,    # stop after this many non-finite steps in a row
       check_recompile=True,    # error if the update recompiles after its first step
   ))

@@ -25,11 +25,12 @@ def get_config(arg: str | None = None):
   c.model.init = arg
   c.model.dtype, c.model.param_dtype = "bfloat16", "float32"
   c.model.max_prompt_len, c.model.max_new_tokens = 2048, 1024
+  c.model.remat = True         # python -m dmpo_jax.plan --config=... prints the memory plan
   c.prompt_style, c.chat_template = "npbench", True
   c.level = "easy"
   c.sft.steps = 0
   c.rl.update(steps=400, prompts_per_step=32, group_size=8, lr=1e-6, temperature=1.0,
-              curriculum="easy:0,medium:150,hard:300")
+              curriculum="easy:0,medium:150,hard:300", micro_batches=4)
   c.eval.update(num_per_task=20, samples=8, batch_prompts=32)
   c.dph.update(num_prompts=512, samples=8, batch=64)
   c.checkpoint.update(every=25, keep=3)

@@ -67,3 +67,12 @@ def to_host(x) -> np.ndarray:
 
 def tree_to_host(tree):
   return jax.tree.map(to_host, tree)
+
+
+def agree(flag) -> bool:
+  """Process 0's value of a host-side decision, on every process, so that all processes take
+  the same branch (a file that exists, a signal received): diverging would deadlock collectives."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  from jax.experimental import multihost_utils
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(bool(flag))))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from dmpo_jax import distributed as dist
 from dmpo_jax import pipeline
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.tasks import scoring
@@ -35,7 +36,7 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
     pt, pm = pipeline.pad_left(ids, prompt_len, encoder.pad)
     pt, pm = np.repeat(pt, samples, 0), np.repeat(pm, samples, 0)
     tokens, mask = sample_fn(pt, pm, jax.random.fold_in(rng, c0))
-    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    tokens, mask = dist.to_host(tokens), dist.to_host(mask)
     texts = encoder.texts(tokens, mask)
     gts = ground_truths[c0:c0 + real] if ground_truths is not None else None
     _, stats = pipeline.score_groups(chunk, texts[:real * samples], samples, reward_cfg, gts)

@@ -47,6 +47,7 @@ class Workload:
   prompt_len: int = 2048
   new_tokens: int = 1024
   remat: bool = False        # activation checkpointing per layer
+  micro_batches: int = 1     # gradient accumulation slices of the update (config.rl.micro_batches)
 
 
 def _fake_mesh(shape: dict):
@@ -93,10 +94,14 @@ def plan(cfg: ModelConfig, mesh_shape: dict, work: Workload, device_bytes: float
   heads_dev = -(-cfg.num_heads // tensor) if cfg.num_heads % tensor == 0 else cfg.num_heads
   # Saved per token per layer for the backward pass: residual, 2 norms, q/k/v/o (~6d),
   # the MLP's gate, up and activation (3f), and the attention probabilities (heads x seq).
-  per_layer = rows_dev * seq * ((6 * d + 3 * f / tensor) * act_bytes + heads_dev * seq * 4)
+  if work.prompts % work.micro_batches or (work.prompts // work.micro_batches) % rows_div:
+    raise ValueError(f"micro_batches={work.micro_batches} must leave a whole number of prompts per "
+                     f"data x fsdp device in each slice ({work.prompts} prompts, {rows_div} devices)")
+  micro_rows = rows_dev // work.micro_batches  # rows whose activations live at once
+  per_layer = micro_rows * seq * ((6 * d + 3 * f / tensor) * act_bytes + heads_dev * seq * 4)
   layers_saved = 1 if work.remat else L
-  acts = per_layer * layers_saved + (rows_dev * seq * d * act_bytes * L if work.remat else 0)
-  logits = rows_dev * work.new_tokens * cfg.vocab_size * 4 / (tensor if cfg.vocab_size % tensor == 0 else 1)
+  acts = per_layer * layers_saved + (micro_rows * seq * d * act_bytes * L if work.remat else 0)
+  logits = micro_rows * work.new_tokens * cfg.vocab_size * 4 / (tensor if cfg.vocab_size % tensor == 0 else 1)
   kv_heads_dev = cfg.num_kv_heads // tensor if cfg.num_kv_heads % tensor == 0 else cfg.num_kv_heads
   kv = rows_dev * seq * L * 2 * kv_heads_dev * cfg.head_dim * act_bytes
   train_total = p_dev + opt + grads + acts + logits
@@ -104,7 +109,7 @@ def plan(cfg: ModelConfig, mesh_shape: dict, work: Workload, device_bytes: float
   out = {"devices": ndev, "mesh": dict(mesh_shape), "params": n_params, "param_bytes_total": p_total,
          "param_bytes": p_dev, "optimizer_bytes": opt, "grad_bytes": grads, "activation_bytes": acts,
          "logit_bytes": logits, "kv_cache_bytes": kv, "update_peak_bytes": train_total,
-         "sampling_peak_bytes": sample_total, "rows_per_device": rows_dev,
+         "sampling_peak_bytes": sample_total, "rows_per_device": rows_dev, "micro_rows": micro_rows,
          "activation_note": "activations, logits and KV cache are shape estimates; params and "
                             "optimizer state are exact"}
   if device_bytes is not None:
@@ -116,7 +121,7 @@ def plan(cfg: ModelConfig, mesh_shape: dict, work: Workload, device_bytes: float
 def format_plan(name: str, p: dict) -> str:
   g = lambda b: f"{b / GIB:8.2f} GiB"
   lines = [f"{name}: {p['params'] / 1e9:.3f} B params on {p['devices']} device(s), mesh {p['mesh']}, "
-           f"{p['rows_per_device']} rows per device",
+           f"{p['rows_per_device']} rows per device ({p['micro_rows']} per update slice)",
            f"  params        {g(p['param_bytes'])}   (total {p['param_bytes_total'] / GIB:.2f} GiB)",
            f"  optimizer     {g(p['optimizer_bytes'])}   (AdamW mu + nu)",
            f"  gradients     {g(p['grad_bytes'])}",
@@ -153,9 +158,11 @@ def main(argv=None):
   ap.add_argument("--new_tokens", type=int, default=1024)
   ap.add_argument("--dtype", default="bfloat16")
   ap.add_argument("--remat", action="store_true")
+  ap.add_argument("--micro_batches", type=int, default=1)
   args = ap.parse_args(argv)
   mesh = _parse_mesh(args.mesh)
-  work = Workload(args.prompts, args.group, args.prompt_len, args.new_tokens, args.remat)
+  work = Workload(args.prompts, args.group, args.prompt_len, args.new_tokens, args.remat,
+                  args.micro_batches)
   if args.config:
     import importlib.util, json, os
     path, _, arg = args.config.partition(":")
@@ -168,7 +175,7 @@ def main(argv=None):
       cfg = config_from_hf(json.load(fh), dtype=c.model.dtype, param_dtype=c.model.param_dtype)
     mesh = {k: v for k, v in dict(c.mesh).items() if v != -1} or mesh
     work = Workload(c.rl.prompts_per_step, c.rl.group_size, c.model.max_prompt_len,
-                    c.model.max_new_tokens, args.remat)
+                    c.model.max_new_tokens, c.model.remat, c.rl.micro_batches)
     name = c.model.init
   elif args.model:
     cfg = ModelConfig(**MODELS[args.model], dtype=args.dtype, param_dtype="float32")
@@ -180,7 +187,7 @@ def main(argv=None):
   if not p["fits"]:
     need = max(p["update_peak_bytes"], p["sampling_peak_bytes"]) / GIB
     print(f"error: the plan needs {need:.1f} GiB per device but a device has {args.device_gib:.1f} GiB; "
-          "use more fsdp devices, --remat, fewer prompts or shorter sequences", file=sys.stderr)
+          "use more fsdp devices, --remat, more --micro_batches, fewer prompts or shorter sequences", file=sys.stderr)
     sys.exit(1)
 
 

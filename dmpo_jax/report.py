@@ -132,3 +132,16 @@ def _save(fig, path):
   os.close(fd)
   fig.savefig(tmp, dpi=110)
   os.replace(tmp, path)
+
+
+class NullWriter:
+  """The MetricsWriter of processes other than 0: logs nothing."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+
+  def write(self, *args, **kwargs):
+    pass
+
+  def close(self):
+    pass

@@ -84,15 +84,36 @@ def _guarded_update(opt, loss, grads, params, opt_state):
           1 - finite.astype(jnp.int32), optax.global_norm(safe))
 
 
+def accumulate(value_and_grad, params, batch, micro_batches: int):
+  """Mean of (loss, metrics, grads) over `micro_batches` equal slices of every batch leaf's
+  leading axis, one slice at a time (lax.scan): activations of one slice live at once.
+  Exact for losses that are means over groups; a global token mean becomes a mean of slices'."""
+  if micro_batches == 1:
+    return value_and_grad(params, batch)
+  split = jax.tree.map(lambda x: x.reshape((micro_batches, x.shape[0] // micro_batches) + x.shape[1:]),
+                       batch)
+  first = jax.tree.map(lambda x: x[0], split)
+  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(value_and_grad, params, first))
+
+  def body(acc, piece):
+    out = value_and_grad(params, piece)
+    return jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, out), None
+
+  total, _ = jax.lax.scan(body, zeros, split)
+  return jax.tree.map(lambda x: x / micro_batches, total)
+
+
 def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: int,
-                 temperature: float, *, shardings=None, chunk: int | None = None):
+                 temperature: float, *, shardings=None, chunk: int | None = None,
+                 micro_batches: int = 1):
   """(params, opt_state, batch) -> (params, opt_state, metrics)."""
   logprob_fn = make_logprob_fn(graphdef, prompt_len, temperature=temperature, chunk=chunk)
   loss_fn = presets.build_loss(obj_cfg, logprob_fn)
+  vg = jax.value_and_grad(loss_fn, has_aux=True)
 
   def step(params, opt_state, batch):
     TRACES["rl_update"] += 1
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+    (loss, metrics), grads = accumulate(vg, params, batch, micro_batches)
     params, opt_state, skipped, gnorm = _guarded_update(opt, loss, grads, params, opt_state)
     metrics = dict(metrics, skipped=skipped, grad_norm=gnorm)
     return params, opt_state, metrics

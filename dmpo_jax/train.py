@@ -32,6 +32,7 @@ from flax import nnx
 from ml_collections import config_flags
 
 from dmpo_jax import checkpoint as ckpt_lib
+from dmpo_jax import distributed as dist
 from dmpo_jax import evaluation, pipeline, report, sharding, steps
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import hf, tokenizer as tok_lib
@@ -47,6 +48,10 @@ def define_flags():
   """CLI flags (defined only when run as a program, so other tools can import this module)."""
   config_flags.DEFINE_config_file("config", None, "Training config (a .py file).", lock_config=True)
   flags.DEFINE_string("workdir", None, "Output folder; an existing run there is resumed.")
+  flags.DEFINE_string("coordinator_address", None, "multi-process: host:port of process 0 "
+                      "(or JAX_COORDINATOR_ADDRESS; automatic on TPU pods and SLURM)")
+  flags.DEFINE_integer("num_processes", None, "multi-process: number of processes (or JAX_NUM_PROCESSES)")
+  flags.DEFINE_integer("process_id", None, "multi-process: this process's index (or JAX_PROCESS_ID)")
 
 
 class TrainingError(RuntimeError):
@@ -80,6 +85,12 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
   if chunks < 1 or cfg.rl.prompts_per_step % chunks or (cfg.rl.prompts_per_step // chunks * g) % rows:
     raise ValueError(f"config.rl.rollout_chunks={chunks} must divide rl.prompts_per_step="
                      f"{cfg.rl.prompts_per_step}, and each piece's rows by the mesh's data x fsdp ({rows})")
+  mb = cfg.rl.micro_batches
+  if mb < 1 or cfg.rl.prompts_per_step % mb or (cfg.rl.prompts_per_step // mb) % rows or (
+      obj.divergence is not None and cfg.dph.batch % mb):
+    raise ValueError(f"config.rl.micro_batches={mb} must divide rl.prompts_per_step="
+                     f"{cfg.rl.prompts_per_step} (and dph.batch), leaving slices divisible by the "
+                     f"mesh's data x fsdp size ({rows})")
   if cfg.dph.correct not in ("feasible", "optimal"):
     raise ValueError(f"config.dph.correct={cfg.dph.correct!r}; choose 'feasible' or 'optimal'")
 
@@ -99,7 +110,7 @@ def build_model(cfg):
                        num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
                        rope_theta=m.rope_theta, dtype=m.dtype, param_dtype=m.param_dtype,
                        max_position_embeddings=m.max_prompt_len + m.max_new_tokens,
-                       architecture="llama")
+                       architecture="llama", remat=m.remat)
     from dmpo_jax.models.transformer import Transformer
     return Transformer(mcfg, rngs=nnx.Rngs(cfg.seed)), tok
   model, tok = hf.load(m.init, dtype=m.dtype, param_dtype=m.param_dtype)
@@ -107,6 +118,8 @@ def build_model(cfg):
     tok = tok_lib.load(m.tokenizer)
   if tok is None:
     raise ValueError(f"config.model.init={m.init!r} has no tokenizer files; set config.model.tokenizer")
+  if m.remat:
+    model.cfg = model.cfg.replace(remat=True)  # read when the forward is traced
   return model, tok
 
 
@@ -122,17 +135,24 @@ def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: floa
   return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(sched, weight_decay=0.0))
 
 
-def make_sampler(graphdef, scfg, p_sh, data_sh):
-  def run(params, prompt_tokens, prompt_mask, rng):
+def make_sampler(graphdef, scfg, p_sh, data_sh, rep):
+  """Jitted (params, prompts [B, P], mask [B, P], key, host arrays or global) -> (tokens, mask,
+  logprobs), sharded over the mesh; the key is passed as replicated raw key data."""
+  def run(params, prompt_tokens, prompt_mask, key_data):
     steps.TRACES["sampler"] += 1
+    rng = jax.random.wrap_key_data(key_data)
     r = sampler_lib._generate(graphdef, params["model"], prompt_tokens, prompt_mask, rng, scfg)
     return r.tokens, r.mask, r.logprobs
-  return jax.jit(run, in_shardings=(p_sh, data_sh, data_sh, None),
-                 out_shardings=(data_sh, data_sh, data_sh))
+  jitted = jax.jit(run, in_shardings=(p_sh, data_sh, data_sh, rep),
+                   out_shardings=(data_sh, data_sh, data_sh))
+
+  def call(params, pt, pm, key):
+    return jitted(params, dist.to_global(pt, data_sh), dist.to_global(pm, data_sh),
+                  dist.to_global(np.asarray(jax.random.key_data(key)), rep))
+  return call
 
 
-def host(tree):
-  return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
+host = dist.tree_to_host
 
 
 # ---------------------------------------------------------------------------
@@ -148,7 +168,8 @@ def train(cfg, workdir: str) -> dict:
   taskset = pipeline.TaskSet(keys, cfg.level, cfg.seed,
                              pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level))
   reward_cfg = rewards_lib.RewardConfig(**dict(cfg.rl.reward))
-  report.write_json(json.loads(cfg.to_json_best_effort()), os.path.join(workdir, "config.json"))
+  if dist.is_main():
+    report.write_json(json.loads(cfg.to_json_best_effort()), os.path.join(workdir, "config.json"))
 
   model, tok = build_model(cfg)
   encoder = pipeline.PromptEncoder(tok, cfg.prompt_style, cfg.model.max_prompt_len, cfg.chat_template)
@@ -161,7 +182,7 @@ def train(cfg, workdir: str) -> dict:
   p_sh = {"model": sharding.param_shardings(state, mesh)}
   if "log_z" in params:
     p_sh["log_z"] = jax.tree.map(lambda _: rep, params["log_z"])
-  params = jax.device_put(params, p_sh)
+  params = jax.tree.map(lambda x, s: dist.to_global(np.asarray(x), s), params, p_sh)
   data_sh = sharding.batch_sharding(mesh, 1)  # leading axis; a prefix for every batch leaf
 
   sft_steps, rl_steps = cfg.sft.steps, cfg.rl.steps
@@ -193,27 +214,29 @@ def train(cfg, workdir: str) -> dict:
         "data_position": at_step, "model_shape": model_shape(model),
         "counters": counters, "config": json.loads(cfg.to_json_best_effort())})
 
-  writer = report.MetricsWriter(workdir, cfg.log.tensorboard, resume_step=step if latest else None)
+  writer = (report.MetricsWriter(workdir, cfg.log.tensorboard, resume_step=step if latest else None)
+            if dist.is_main() else report.NullWriter(workdir))
   eval_cfg = sampler_lib.SamplingConfig(max_new_tokens=lt, temperature=cfg.eval.temperature,
                                         eos_id=tok.eos_token_id, pad_id=encoder.pad)
-  eval_sampler = make_sampler(graphdef, eval_cfg, p_sh, data_sh)
+  eval_sampler = make_sampler(graphdef, eval_cfg, p_sh, data_sh, rep)
   eval_items = taskset.eval(cfg.eval.num_per_task)
   eval_gts = [tasks_lib.get(k).reference_value(q) for k, q in eval_items]
 
   def run_eval(name: str) -> dict:
     path = os.path.join(workdir, f"eval_{name}.json")
-    if os.path.exists(path):
+    if dist.agree(os.path.exists(path)):  # every process takes the same branch
       return report.read_json(path)
     res = evaluation.evaluate(
         lambda pt, pm, rng: eval_sampler(params, pt, pm, rng)[:2], encoder, eval_items,
         samples=cfg.eval.samples, k=cfg.eval.k, pass_ks=tuple(cfg.eval.pass_ks),
         rng=jax.random.fold_in(base_key, 10**6), batch_prompts=cfg.eval.batch_prompts,
         prompt_len=lp, reward_cfg=reward_cfg, ground_truths=eval_gts, progress=cfg.log.progress)
-    report.write_json(res, path)
+    if dist.is_main():
+      report.write_json(res, path)
     return res
 
   progress = None
-  if cfg.log.progress:
+  if cfg.log.progress and dist.is_main():
     from tqdm import tqdm
     progress = tqdm(total=total, initial=step, desc="train", unit="step", dynamic_ncols=True)
   times = {"sft": 0.0, "rollout": 0.0, "reward": 0.0, "update": 0.0, "eval": 0.0, "dph": 0.0}
@@ -222,7 +245,7 @@ def train(cfg, workdir: str) -> dict:
   with ckpt_lib.StopSignal() as stop:
 
     def maybe_stop(at_step: int, stage: str) -> bool:
-      if stop.received is None and at_step != cfg.stop_at_step:
+      if not dist.agree(stop.received is not None or at_step == cfg.stop_at_step):
         return False
       stop.received = stop.received or f"config.stop_at_step={cfg.stop_at_step}"
       counters["times"] = times
@@ -249,7 +272,7 @@ def train(cfg, workdir: str) -> dict:
         pt, pm = pipeline.pad_left(prompts, lp, encoder.pad)
         at, am = pipeline.pad_right(answers, lt, encoder.pad)
         batch = {"seqs": {"tokens": np.concatenate([pt, at], 1), "prompt_mask": pm}, "mask": am}
-        params, opt_state, m = sft_step(params, opt_state, batch)
+        params, opt_state, m = sft_step(params, opt_state, dist.tree_to_global(batch, data_sh))
         m = host(m)
         step += 1
         times["sft"] += time.time() - t0
@@ -275,7 +298,7 @@ def train(cfg, workdir: str) -> dict:
     # --- Stage 3: DPH pre-sampling (dph_* presets) ------------------------------
     scfg = sampler_lib.SamplingConfig(max_new_tokens=lt, temperature=cfg.rl.temperature,
                                       top_p=cfg.rl.top_p, eos_id=tok.eos_token_id, pad_id=encoder.pad)
-    rl_sampler = make_sampler(graphdef, scfg, p_sh, data_sh)
+    rl_sampler = make_sampler(graphdef, scfg, p_sh, data_sh, rep)
     logprob_eval = steps.make_logprob_eval(graphdef, lp, cfg.rl.temperature,
                                            shardings=(p_sh, data_sh, None))
     dph = None
@@ -288,7 +311,8 @@ def train(cfg, workdir: str) -> dict:
     # --- Stage 4: RL -----------------------------------------------------------
     if step < total:
       rl_update = steps.make_rl_step(graphdef, obj, rl_opt, lp, cfg.rl.temperature,
-                                     shardings=(p_sh, o_sh, data_sh, rep))
+                                     shardings=(p_sh, o_sh, data_sh, rep),
+                                     micro_batches=cfg.rl.micro_batches)
       need_ref = obj.kl_coef > 0 or obj.policy_loss == "flowrl"
       ref_params = jax.tree.map(jnp.copy, params) if need_ref else None  # the RL start policy
       P, G = cfg.rl.prompts_per_step, cfg.rl.group_size
@@ -309,8 +333,8 @@ def train(cfg, workdir: str) -> dict:
         tokens, mask_h, old_lp, ref_lp, rewards, stats, host_s = rollout_and_score(
             rl_sampler, params, items, encoder, pt, pm, jax.random.fold_in(base_key, step), G,
             cfg.rl.rollout_chunks, reward_cfg, ref_fn)
-        seqs = {"tokens": jnp.concatenate([jnp.asarray(pt), tokens], 1).reshape(P, G, lp + lt),
-                "prompt_mask": jnp.asarray(pm).reshape(P, G, lp)}
+        seqs = {"tokens": jnp.concatenate([dist.to_global(pt, data_sh), tokens], 1).reshape(P, G, lp + lt),
+                "prompt_mask": dist.to_global(pm.reshape(P, G, lp), data_sh)}
         t1 = time.time()
         lengths = mask_h.sum(-1).reshape(P, G)
         comp_mask = mask_h.reshape(P, G, lt)
@@ -320,12 +344,12 @@ def train(cfg, workdir: str) -> dict:
           keep = dapo.dynamic_sampling_keep(stats["feasible"])
           comp_mask = comp_mask * keep[:, None, None]
         t2 = time.time()
-        batch = {"seqs": seqs, "mask": jnp.asarray(comp_mask), "old_logprobs": old_lp.reshape(P, G, lt),
-                 "rewards": jnp.asarray(rewards)}
+        batch = {"seqs": seqs, "mask": dist.to_global(comp_mask, data_sh),
+                 "old_logprobs": old_lp.reshape(P, G, lt), "rewards": dist.to_global(rewards, data_sh)}
         if need_ref:
           batch["ref_logprobs"] = ref_lp.reshape(P, G, lt)
         if dph is not None and len(dph["pef_tokens"]):
-          batch.update(dph_chunk(dph, s, cfg.dph.batch, lp))
+          batch.update(dist.tree_to_global(dph_chunk(dph, s, cfg.dph.batch, lp), data_sh))
         params, opt_state, m = rl_update(params, opt_state, batch)
         m = host(m)
         t3 = time.time()
@@ -380,13 +404,17 @@ def train(cfg, workdir: str) -> dict:
              "keep_exploration": keep, "times_s": times, "steps": {"sft": sft_steps, "rl": rl_steps},
              "algo": cfg.rl.algo, "seed": cfg.seed, "nonfinite_steps": counters["nonfinite_total"],
              "wall_s": time.time() - t_start}
-  report.write_json(results, os.path.join(workdir, "results.json"))
-  if cfg.log.plots:
-    report.plot_training(report.read_metrics(writer.path), os.path.join(workdir, "training.png"))
-    report.plot_before_after(before, after, os.path.join(workdir, "before_after.png"))
-  if cfg.checkpoint.export_hf:
-    hf.save(nnx.merge(graphdef, params["model"]), tok, os.path.join(workdir, "hf"))
+  export = dist.tree_to_host(params["model"]) if cfg.checkpoint.export_hf else None  # all processes
+  if dist.is_main():  # files are written once
+    report.write_json(results, os.path.join(workdir, "results.json"))
+    if cfg.log.plots:
+      report.plot_training(report.read_metrics(writer.path), os.path.join(workdir, "training.png"))
+      report.plot_before_after(before, after, os.path.join(workdir, "before_after.png"))
+    if export is not None:
+      hf.save(nnx.merge(graphdef, export), tok, os.path.join(workdir, "hf"))
   ckpt.close()
+  if not dist.is_main():
+    return results
   print(f"\n{cfg.rl.algo}, seed {cfg.seed}: before RL -> after RL (held-out {cfg.level} instances, "
         f"{cfg.eval.samples} samples at T={cfg.eval.temperature})")
   print(table)
@@ -411,10 +439,11 @@ def rollout_and_score(sampler, params, items, encoder, pt, pm, key, G, chunks, r
       pending = launch(c + 1)  # async dispatch: runs while the host scores piece c
     ref = None
     if ref_fn is not None:
-      seqs = {"tokens": jnp.concatenate([jnp.asarray(pt[c * rows:(c + 1) * rows]), tokens], 1),
-              "prompt_mask": jnp.asarray(pm[c * rows:(c + 1) * rows])}
+      data_sh = tokens.sharding
+      seqs = {"tokens": jnp.concatenate([dist.to_global(pt[c * rows:(c + 1) * rows], data_sh), tokens], 1),
+              "prompt_mask": dist.to_global(pm[c * rows:(c + 1) * rows], data_sh)}
       ref = ref_fn(seqs)
-    tok_h, mask_h = np.asarray(tokens), np.asarray(mask)
+    tok_h, mask_h = dist.to_host(tokens), dist.to_host(mask)
     h0 = time.time()
     texts = encoder.texts(tok_h, mask_h)
     r, st = pipeline.score_groups(items[c * per:(c + 1) * per], texts, G, reward_cfg)
@@ -432,7 +461,7 @@ def dph_presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params,
   path = os.path.join(workdir, "dph_store.npz")
   lp, lt, k = cfg.model.max_prompt_len, cfg.model.max_new_tokens, cfg.dph.samples
   items = [it for j in range(cfg.dph.num_prompts) for it in taskset.train("dph", j, 1)]
-  if os.path.exists(path):
+  if dist.agree(os.path.exists(path)):
     z = np.load(path)
     exp = [items[i] for i in z["exp_index"]]
     return {"pef_tokens": z["pef_tokens"], "pef_prompt_mask": z["pef_prompt_mask"],
@@ -446,9 +475,10 @@ def dph_presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params,
     pt, pm = pipeline.pad_left([encoder.encode(kk, q) for kk, q in part], lp, encoder.pad)
     pt, pm = np.repeat(pt, k, 0), np.repeat(pm, k, 0)
     tokens, mask, _ = sampler(params, pt, pm, jax.random.fold_in(base_key, 2 * 10**6 + c0))
-    seqs = {"tokens": jnp.concatenate([jnp.asarray(pt), tokens], 1), "prompt_mask": jnp.asarray(pm)}
-    ref = np.asarray(logprob_eval(params, seqs))
-    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    sh = tokens.sharding
+    seqs = {"tokens": jnp.concatenate([dist.to_global(pt, sh), tokens], 1), "prompt_mask": dist.to_global(pm, sh)}
+    ref = dist.to_host(logprob_eval(params, seqs))
+    tokens, mask = dist.to_host(tokens), dist.to_host(mask)
     texts = encoder.texts(tokens, mask)
     _, stats = pipeline.score_groups(part[:real], texts[:real * k], k, reward_cfg)
     ok = stats["feasible"] if cfg.dph.correct == "feasible" else stats["ratio"] >= 1.0
@@ -467,9 +497,10 @@ def dph_presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params,
            "pef_mask": np.asarray(pef_m, np.int32).reshape(-1, lt),
            "pef_logprobs": np.asarray(pef_lp, np.float32).reshape(-1, lt),
            "exp_index": np.asarray(exp_index, np.int64)}
-  tmp = path + ".tmp.npz"
-  np.savez(tmp, **store)
-  os.replace(tmp, path)
+  if dist.is_main():
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **store)
+    os.replace(tmp, path)
   n_pef = len(items) - len(exp_index)
   print(f"DPH pre-sampling: {n_pef} of {len(items)} prompts in D_pef ({len(pef_tok)} stored responses), "
         f"{len(exp_index)} in D_exp", flush=True)
@@ -496,6 +527,7 @@ def main(argv):
     raise app.UsageError("--workdir is required")
   if not FLAGS["verbosity"].present:  # orbax logs every save at INFO; -v 0 brings it back
     logging.set_verbosity(logging.WARNING)
+  dist.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   try:
     train(FLAGS.config, FLAGS.workdir)
   except (TrainingError, ckpt_lib.CheckpointError, ValueError, KeyError) as e:

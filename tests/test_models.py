@@ -11,7 +11,7 @@ from flax import nnx
 
 from dmpo_jax.models import hf
 from dmpo_jax.models import tokenizer as task_tokenizer
-from tests.helpers import tiny_hf, tiny_model
+from tests.helpers import tiny_config, tiny_hf, tiny_model
 
 
 def _left_padded(ids, lengths):
@@ -214,3 +214,18 @@ def test_task_tokenizer_round_trip(tmp_path):
   assert len(ids) < len(text)  # task words are single tokens
   assert again.convert_ids_to_tokens(again.encode("12")) == ["1", "2"]  # digit by digit
   assert again.eos_token_id is not None and again.pad_token_id == 0
+
+
+def test_remat_gives_the_same_gradients():
+  import jax.numpy as jnp
+  from flax import nnx
+  from dmpo_jax.models.transformer import Transformer
+  cfg = tiny_config()
+  g, s = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  g2, _ = nnx.split(Transformer(cfg.replace(remat=True), rngs=nnx.Rngs(0)))
+  tok = jax.random.randint(jax.random.key(0), (2, 9), 0, cfg.vocab_size)
+  loss = lambda gd: (lambda st: jnp.mean(nnx.merge(gd, st)(tok) ** 2))
+  a, b = jax.grad(loss(g))(s), jax.grad(loss(g2))(s)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+  assert "remat" in str(jax.make_jaxpr(jax.grad(loss(g2)))(s))  # the recomputation is really there

@@ -231,9 +231,9 @@ def test_qwen_config_trains_a_local_hf_folder(tmp_path):
   cfg = nphard_qwen.get_config(str(folder))
   cfg.tasks, cfg.level, cfg.chat_template = "subset-sum", "tiny", False  # the task tokenizer has no chat template
   cfg.model.update(max_prompt_len=640, max_new_tokens=8)
-  cfg.rl.update(steps=1, prompts_per_step=8, group_size=2)
+  cfg.rl.update(steps=1, prompts_per_step=8, group_size=2, micro_batches=2)
   cfg.eval.update(num_per_task=1, samples=3, batch_prompts=8)
-  cfg.mesh.update(data=1, fsdp=-1)
+  cfg.mesh.update(data=1, fsdp=2)  # params over 2 devices; micro-batch slices of 4 prompts
   cfg.log.update(tensorboard=False, progress=False)
   res = train_lib.train(cfg, str(tmp_path / "run"))
   assert res["steps"] == {"sft": 0, "rl": 1}
@@ -241,3 +241,32 @@ def test_qwen_config_trains_a_local_hf_folder(tmp_path):
   assert model.cfg.hidden_size == 64
   with pytest.raises(ValueError, match="needs a model folder"):
     nphard_qwen.get_config(None)
+
+
+def test_micro_batches_match_one_batch():
+  """Gradient accumulation over 4 slices gives the full batch's update (seq-mean losses)."""
+  import optax
+  from flax import nnx
+  from dmpo_jax import steps
+  from dmpo_jax.objectives import presets
+  cfg = smoke()
+  model, _ = train_lib.build_model(cfg)
+  graphdef, state = nnx.split(model)
+  P, G, LP, LT = 8, 4, 6, 5
+  rng = np.random.default_rng(0)
+  batch = {"seqs": {"tokens": rng.integers(3, 100, (P, G, LP + LT)).astype(np.int32),
+                    "prompt_mask": np.ones((P, G, LP), np.int32)},
+           "mask": (rng.random((P, G, LT)) < 0.8).astype(np.int32),
+           "old_logprobs": rng.normal(-4, 0.3, (P, G, LT)).astype(np.float32),
+           "rewards": rng.random((P, G)).astype(np.float32)}
+  outs = []
+  for mb in (1, 4):
+    opt = optax.sgd(0.1)
+    step = steps.make_rl_step(graphdef, presets.objective_config("dmpo"), opt, LP, 1.0, micro_batches=mb)
+    params = {"model": jax.tree.map(jax.numpy.copy, state)}
+    p, _, m = step(params, opt.init(params), batch)
+    outs.append((p, m))
+  (p1, m1), (p4, m4) = outs
+  assert float(m1["loss"]) == pytest.approx(float(m4["loss"]), rel=1e-5)
+  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p4)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

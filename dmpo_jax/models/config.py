@@ -42,6 +42,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"  # compute dtype; norms, softmax and log-probs stay float32
   architecture: str = "qwen2"  # 'qwen2' | 'llama': which HF class save() writes
+  remat: bool = False  # recompute each layer's activations in the backward pass (memory for FLOPs)
 
   def __post_init__(self):
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",

@@ -202,7 +202,10 @@ class Transformer(nnx.Module):
     x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
     new_cache = []
     for i, layer in enumerate(self.layers):
-      x, c = layer(x, positions, mask, None if cache is None else cache[i], cache_index)
+      if self.cfg.remat and cache is None:  # training forward: keep only each layer's input
+        x, c = nnx.remat(lambda lyr, h: lyr(h, positions, mask))(layer, x)
+      else:
+        x, c = layer(x, positions, mask, None if cache is None else cache[i], cache_index)
       new_cache.append(c)
     x = self.final_norm(x)
     return x, (None if cache is None else tuple(new_cache))
