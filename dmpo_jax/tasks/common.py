@@ -42,6 +42,12 @@ def load_graph(question: dict) -> Problem:
   return Problem(n=n, adj=adj, w=w, edges=edges)
 
 
+def adjacency_text(p: Problem) -> str:
+  """NP-Bench-style text of an unweighted graph instance."""
+  return (f"The graph has {p.n} vertices (0..{p.n - 1}). Adjacency list: "
+          + "; ".join(f"{u}: {sorted(p.adj[u])}" for u in range(p.n)))
+
+
 def adjacency_lists(n: int, edges) -> dict:
   adj = {str(i): [] for i in range(n)}
   for u, v in sorted({(min(a, b), max(a, b)) for a, b in edges}):

@@ -7,7 +7,7 @@ import time
 
 from dmpo_jax.tasks import render
 from dmpo_jax.tasks.base import Exact, Infeasible, Task
-from dmpo_jax.tasks.common import adjacency_lists, cp_model, load_graph, solve, uniform
+from dmpo_jax.tasks.common import adjacency_text, adjacency_lists, cp_model, load_graph, solve, uniform
 
 
 def _edges_text(p) -> str:
@@ -152,8 +152,7 @@ class GraphColoring(Task):
     return Exact(float(len(set(col))), status, col)
 
   def _npbench_instance(self, p):
-    return (f"The graph has {p.n} vertices (0..{p.n - 1}). Adjacency list: "
-            + "; ".join(f"{u}: {sorted(p.adj[u])}" for u in range(p.n)))
+    return adjacency_text(p)
 
   def _compact(self, p):
     return f"GCP n {p.n} edges {_edges_text(p)}"
@@ -257,8 +256,7 @@ class _SetInGraph(Task):
     return Exact(float(len(sol)), status, sol)
 
   def _npbench_instance(self, p):
-    return (f"The graph has {p.n} vertices (0..{p.n - 1}). Adjacency list: "
-            + "; ".join(f"{u}: {sorted(p.adj[u])}" for u in range(p.n)))
+    return adjacency_text(p)
 
   def _load(self, q):
     return load_graph(q)

@@ -8,7 +8,7 @@ import time
 
 from dmpo_jax.tasks import render
 from dmpo_jax.tasks.base import Exact, Infeasible, Task
-from dmpo_jax.tasks.common import Problem, adjacency_lists, cp_model, load_graph, solve, uniform
+from dmpo_jax.tasks.common import adjacency_text, Problem, adjacency_lists, cp_model, load_graph, solve, uniform
 
 
 def canonical_cycle(nodes) -> tuple:
@@ -281,8 +281,7 @@ class LongestCycle(Task):
     return Exact(float(len(path)), status, path)
 
   def _npbench_instance(self, p):
-    return (f"The graph has {p.n} vertices (0..{p.n - 1}). Adjacency list: "
-            + "; ".join(f"{u}: {sorted(p.adj[u])}" for u in range(p.n)))
+    return adjacency_text(p)
 
   def _compact(self, p):
     return f"ham n {p.n} edges " + " ".join(f"{u}-{v}" for u, v in p.edges)
