@@ -52,6 +52,9 @@ def get_config(arg: str | None = None):
   ))
   c.dph = config_dict.ConfigDict(dict(   # DPH-RL pre-sampling (dph_* presets only)
       num_prompts=64, samples=8, temperature=1.0, correct="feasible",  # or "optimal"
+      # D_pef: prompts the initial policy solves in at least this share of its samples. DPH-RL
+      # uses 1.0 (all); the small from-scratch policy solves almost nothing every time, so 0.5.
+      pef_threshold=0.5,
       batch=16,                             # stored D_pef responses per RL step
   ))
   c.rl = config_dict.ConfigDict(dict(

@@ -32,7 +32,7 @@ def get_config(arg: str | None = None):
   c.rl.update(steps=400, prompts_per_step=32, group_size=8, lr=1e-6, temperature=1.0,
               curriculum="easy:0,medium:150,hard:300", micro_batches=4)
   c.eval.update(num_per_task=20, samples=8, batch_prompts=32)
-  c.dph.update(num_prompts=512, samples=8, batch=64)
+  c.dph.update(num_prompts=512, samples=8, batch=64, pef_threshold=1.0)  # DPH-RL's rule
   c.checkpoint.update(every=25, keep=3)
   c.mesh.update(data=1, fsdp=-1, tensor=1)
   return c

@@ -91,6 +91,8 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
     raise ValueError(f"config.rl.micro_batches={mb} must divide rl.prompts_per_step="
                      f"{cfg.rl.prompts_per_step} (and dph.batch), leaving slices divisible by the "
                      f"mesh's data x fsdp size ({rows})")
+  if not 0.0 < cfg.dph.pef_threshold <= 1.0:
+    raise ValueError(f"config.dph.pef_threshold={cfg.dph.pef_threshold} must be in (0, 1]")
   if cfg.dph.correct not in ("feasible", "optimal"):
     raise ValueError(f"config.dph.correct={cfg.dph.correct!r}; choose 'feasible' or 'optimal'")
 
@@ -466,7 +468,7 @@ def dph_presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params,
     exp = [items[i] for i in z["exp_index"]]
     return {"pef_tokens": z["pef_tokens"], "pef_prompt_mask": z["pef_prompt_mask"],
             "pef_mask": z["pef_mask"], "pef_logprobs": z["pef_logprobs"], "exp_items": exp}
-  pef_tok, pef_pm, pef_m, pef_lp, exp_index = [], [], [], [], []
+  pef_tok, pef_pm, pef_m, pef_lp, pef_index, exp_index = [], [], [], [], [], []
   chunk = cfg.eval.batch_prompts
   for c0 in range(0, len(items), chunk):
     part = items[c0:c0 + chunk]
@@ -483,20 +485,25 @@ def dph_presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params,
     _, stats = pipeline.score_groups(part[:real], texts[:real * k], k, reward_cfg)
     ok = stats["feasible"] if cfg.dph.correct == "feasible" else stats["ratio"] >= 1.0
     for i in range(real):
-      if ok[i].all():  # D_pef: the initial policy solves it every time; keep its responses
+      # D_pef: the initial policy solves the prompt in at least pef_threshold of its k samples
+      # (DPH-RL: all of them, 1.0); its correct responses are stored.
+      if ok[i].any() and ok[i].mean() >= cfg.dph.pef_threshold:
         for j in range(k):
+          if not ok[i, j]:
+            continue
           r = i * k + j
           pef_tok.append(np.concatenate([pt[r], tokens[r]]))
           pef_pm.append(pm[r])
           pef_m.append(mask[r])
           pef_lp.append(ref[r])
+          pef_index.append(c0 + i)
       else:
         exp_index.append(c0 + i)
   store = {"pef_tokens": np.asarray(pef_tok, np.int32).reshape(-1, lp + lt),
            "pef_prompt_mask": np.asarray(pef_pm, np.int32).reshape(-1, lp),
            "pef_mask": np.asarray(pef_m, np.int32).reshape(-1, lt),
            "pef_logprobs": np.asarray(pef_lp, np.float32).reshape(-1, lt),
-           "exp_index": np.asarray(exp_index, np.int64)}
+           "pef_index": np.asarray(pef_index, np.int64), "exp_index": np.asarray(exp_index, np.int64)}
   if dist.is_main():
     tmp = path + ".tmp.npz"
     np.savez(tmp, **store)

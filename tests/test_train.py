@@ -72,7 +72,10 @@ def test_dph_js_stage(tmp_path):
   res = train_lib.train(cfg, str(tmp_path))
   store = np.load(tmp_path / "dph_store.npz")
   assert store["pef_tokens"].shape[1] == cfg.model.max_prompt_len + cfg.model.max_new_tokens
-  assert len(store["exp_index"]) + len(store["pef_tokens"]) // cfg.dph.samples == cfg.dph.num_prompts
+  # every prompt is in exactly one of D_exp and D_pef (by index); stored responses are D_pef's
+  pef, exp = set(store["pef_index"].tolist()), set(store["exp_index"].tolist())
+  assert not pef & exp and len(pef | exp) == cfg.dph.num_prompts
+  assert len(store["pef_index"]) == len(store["pef_tokens"])
   assert res["algo"] == "dph_js" and (tmp_path / "results.json").exists()
 
 
