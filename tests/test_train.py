@@ -65,6 +65,23 @@ def test_cli_smoke_dmpo(tmp_path):
   # The exported policy opens in transformers.
   from transformers import AutoModelForCausalLM
   assert AutoModelForCausalLM.from_pretrained(str(wd / "hf")) is not None
+  # dmpo_jax.evaluate scores the workdir's checkpoint, and the HF export on an NP-Bench file.
+  out = tmp_path / "eval_ckpt"
+  r = subprocess.run([sys.executable, "-m", "dmpo_jax.evaluate", f"--workdir={wd}", f"--out={out}",
+                      "--tasks=TSP,knapsack", "--num=2", "--samples=3", "--batch_prompts=4"],
+                     cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  ev = json.loads((out / "eval.json").read_text())
+  assert set(ev["per_task"]) == {"TSP", "knapsack"} and ev["num_problems"] == 4
+  assert (out / "eval.png").exists() and "overall" in (out / "table.txt").read_text()
+  from dmpo_jax.tasks import data
+  data.write_jsonl(data.generate(["subset-sum"], "tiny", 2, style="compact"), str(tmp_path / "f.jsonl"))
+  r = subprocess.run([sys.executable, "-m", "dmpo_jax.evaluate", f"--hf={wd / 'hf'}",
+                      f"--npbench_file={tmp_path / 'f.jsonl'}", f"--out={tmp_path / 'eval_hf'}",
+                      "--style=compact", "--samples=3", "--max_new_tokens=8", "--batch_prompts=2"],
+                     cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert json.loads((tmp_path / "eval_hf" / "eval.json").read_text())["num_problems"] == 2
 
 
 def test_dph_js_stage(tmp_path):
