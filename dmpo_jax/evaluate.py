@@ -104,7 +104,7 @@ def main(argv):
   else:
     keys = tasks_lib.names() if FLAGS.tasks == "all" else FLAGS.tasks.split(",")
     ts = pipeline.TaskSet(keys, level, 0)
-    items = ts.eval(FLAGS.num, level)
+    items = ts.held_out(FLAGS.num, level)
     gts = [tasks_lib.get(k).reference_value(q) for k, q in items]
   probe = pipeline.PromptEncoder(tok, style, 10**9, FLAGS.chat or d.get("chat", False))
   longest = max(len(probe.encode(k, q)) for k, q in items)

@@ -72,7 +72,7 @@ class TaskSet:
       out.append((key, q))
     return out
 
-  def eval(self, num_per_task: int, level: str | None = None) -> list[tuple[str, dict]]:
+  def held_out(self, num_per_task: int, level: str | None = None) -> list[tuple[str, dict]]:
     level = level or self.level
     return [(k, tasks_lib.get(k).generate(EVAL_SEED0 + j, level))
             for k in self.keys for j in range(num_per_task)]
@@ -148,9 +148,8 @@ def score_groups(items, texts: list[str], group: int, reward_cfg: rewards_lib.Re
   distinct, entropy = [], []
   for i, (key, q) in enumerate(items):
     task = tasks_lib.get(key)
-    gt = ground_truths[i] if ground_truths is not None else None
+    gt = ground_truths[i] if ground_truths is not None else rewards_lib.ground_truth(task, q, reward_cfg)
     r, verdicts = rewards_lib.score(task, q, texts[i * group:(i + 1) * group], reward_cfg, gt=gt)
-    gt = rewards_lib.ground_truth(task, q, reward_cfg) if gt is None else gt
     rewards[i] = r
     feasible[i] = [v.feasible for v in verdicts]
     ratios[i] = [scoring.ratio(v.value, gt, task.direction) if v.feasible else 0.0 for v in verdicts]

@@ -221,7 +221,7 @@ def train(cfg, workdir: str) -> dict:
   eval_cfg = sampler_lib.SamplingConfig(max_new_tokens=lt, temperature=cfg.eval.temperature,
                                         eos_id=tok.eos_token_id, pad_id=encoder.pad)
   eval_sampler = make_sampler(graphdef, eval_cfg, p_sh, data_sh, rep)
-  eval_items = taskset.eval(cfg.eval.num_per_task)
+  eval_items = taskset.held_out(cfg.eval.num_per_task)
   eval_gts = [tasks_lib.get(k).reference_value(q) for k, q in eval_items]
 
   def run_eval(name: str) -> dict:

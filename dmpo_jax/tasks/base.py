@@ -176,13 +176,12 @@ class Task:
 
   def reference_value(self, instance: dict, *, seed: int = 0, time_limit: float = 2.0) -> float:
     problem = self.problem(instance)
-    memo = getattr(problem, "_reference_value", None) if hasattr(problem, "__dict__") else None
+    memo = getattr(problem, "_reference_value", None)  # problems are SimpleNamespaces
     if memo is not None and memo[0] == (seed, time_limit):
       return memo[1]
     solution = self.reference_solution(instance, seed=seed, time_limit=time_limit)
     value = self.verify_solution(instance, solution).value
-    if hasattr(problem, "__dict__"):
-      problem._reference_value = ((seed, time_limit), value)
+    problem._reference_value = ((seed, time_limit), value)
     return value
 
   def exact(self, instance: dict, *, time_limit: float = 10.0) -> Exact:

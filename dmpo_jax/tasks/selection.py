@@ -20,6 +20,11 @@ def _distinct_ids(ids, valid, what, allow_repeats=False):
     raise Infeasible(f"{what} {dup} repeated")
 
 
+def _union(p, ids) -> frozenset:
+  """Elements covered by the subsets `ids` (empty for no subsets)."""
+  return frozenset().union(*(p.sets[i] for i in ids))
+
+
 # ---------------------------------------------------------------------------
 class SetCover(Task):
   key = "set-cover"
@@ -51,7 +56,7 @@ class SetCover(Task):
   def _load(self, q):
     sets = {int(k): frozenset(v) for k, v in q["S"].items()}
     universe = frozenset(q["U"])
-    coverable = universe <= frozenset().union(*sets.values()) if sets else not universe
+    coverable = universe <= frozenset().union(*sets.values())
     return Problem(universe=universe, sets=sets, coverable=coverable)
 
   def _parse(self, answer):
@@ -69,8 +74,7 @@ class SetCover(Task):
         raise Infeasible("answered Impossible, but the subsets cover U")
       return 0, ("Impossible",)
     _distinct_ids(ids, p.sets, "subset")
-    covered = frozenset().union(*(p.sets[i] for i in ids)) if ids else frozenset()
-    missing = p.universe - covered
+    missing = p.universe - _union(p, ids)
     if missing:
       raise Infeasible(f"elements {sorted(missing)[:8]} are not covered")
     return len(ids), tuple(sorted(ids))
@@ -90,7 +94,7 @@ class SetCover(Task):
     rng.shuffle(chosen)
     for i in list(chosen):
       rest = [j for j in chosen if j != i]
-      if p.universe <= frozenset().union(*(p.sets[j] for j in rest)) if rest else not p.universe:
+      if p.universe <= _union(p, rest):
         chosen = rest
     return sorted(chosen)
 
@@ -102,8 +106,7 @@ class SetCover(Task):
     ids = sorted(p.sets)
     cur = set(best)
     def cost(sel):
-      cov = frozenset().union(*(p.sets[i] for i in sel)) if sel else frozenset()
-      return len(sel) + 2.0 * len(p.universe - cov)
+      return len(sel) + 2.0 * len(p.universe - _union(p, sel))
     cur_cost, temp = cost(cur), 1.0
     for it in range(300 * len(ids)):
       if it % 256 == 0 and time.monotonic() > deadline:
