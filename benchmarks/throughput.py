@@ -85,13 +85,14 @@ def main(argv=None):
   model = Transformer(cfg, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   rows, lp, lt = args.batch * args.samples, args.prompt_len, args.new_tokens
-  pt = np.random.default_rng(0).integers(3, cfg.vocab_size, (rows, lp)).astype(np.int32)
-  pm = np.ones_like(pt)
-  scfg = sampler_lib.SamplingConfig(max_new_tokens=lt, temperature=1.0)
+  prompts = np.random.default_rng(0).integers(3, cfg.vocab_size, (args.batch, lp)).astype(np.int32)
+  ones = np.ones_like(prompts)
+  pt, pm = np.repeat(prompts, args.samples, 0), np.repeat(ones, args.samples, 0)
+  scfg = sampler_lib.SamplingConfig(max_new_tokens=lt, num_samples=args.samples, temperature=1.0)
   sample = jax.jit(lambda p, a, b, r: sampler_lib._generate(graphdef, p, a, b, r, scfg))
-  jax.block_until_ready(sample(state, pt, pm, jax.random.key(0)).tokens)
+  jax.block_until_ready(sample(state, prompts, ones, jax.random.key(0)).tokens)
   t = time.perf_counter()
-  jax.block_until_ready(sample(state, pt, pm, jax.random.key(1)).tokens)
+  jax.block_until_ready(sample(state, prompts, ones, jax.random.key(1)).tokens)
   dt = time.perf_counter() - t
   tok_s = rows * lt / dt
   act_bytes = np.dtype(jnp.dtype(dtype)).itemsize
@@ -105,7 +106,7 @@ def main(argv=None):
   params = {"model": state}
   o = opt.init(params)
   b, g = args.batch, args.samples
-  r = sample(state, pt, pm, jax.random.key(2))
+  r = sample(state, prompts, ones, jax.random.key(2))
   batch = {"seqs": {"tokens": jnp.concatenate([pt, r.tokens], 1).reshape(b, g, lp + lt),
                     "prompt_mask": jnp.asarray(pm).reshape(b, g, lp)},
            "mask": r.mask.reshape(b, g, lt), "old_logprobs": r.logprobs.reshape(b, g, lt),

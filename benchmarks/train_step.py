@@ -61,9 +61,10 @@ def main(argv=None):
   graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
   params = {"model": state}
   rng = np.random.default_rng(0)
-  pt = np.repeat(rng.integers(3, cfg.vocab_size, (P, LP)).astype(np.int32), G, 0)
+  prompts = rng.integers(3, cfg.vocab_size, (P, LP)).astype(np.int32)  # one per group
+  pt = np.repeat(prompts, G, 0)  # each sample's prompt
   pm = np.ones_like(pt)
-  scfg = sampler_lib.SamplingConfig(max_new_tokens=LT, temperature=1.0)
+  scfg = sampler_lib.SamplingConfig(max_new_tokens=LT, num_samples=G, temperature=1.0)
   sample = jax.jit(lambda p, a, b, r: sampler_lib._generate(graphdef, p["model"], a, b, r, scfg))
   tok = tokenizer.build()
   enc = pipeline.PromptEncoder(tok, "compact", LP)
@@ -74,7 +75,7 @@ def main(argv=None):
 
   def one_step(update, params, opt_state, i):
     t0 = time.perf_counter()
-    r = sample(params, pt, pm, jax.random.key(i))
+    r = sample(params, prompts, np.ones_like(prompts), jax.random.key(i))
     tokens = np.asarray(r.tokens)
     t1 = time.perf_counter()
     texts = enc.texts(tokens % len(tok), np.asarray(r.mask))

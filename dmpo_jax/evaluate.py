@@ -113,7 +113,7 @@ def main(argv):
     raise app.UsageError(f"the longest prompt has {longest} tokens > --max_prompt_len={plen}")
   encoder = pipeline.PromptEncoder(tok, style, plen, FLAGS.chat or d.get("chat", False))
   scfg = sampler_lib.SamplingConfig(max_new_tokens=FLAGS.max_new_tokens or d.get("max_new_tokens", 1024),
-                                    temperature=FLAGS.temperature, eos_id=tok.eos_token_id,
+                                    num_samples=FLAGS.samples, temperature=FLAGS.temperature, eos_id=tok.eos_token_id,
                                     pad_id=encoder.pad)
   sample = jax.jit(lambda p, pt, pm, rng: sampler_lib._generate(graphdef, p, pt, pm, rng, scfg))
   def sample_fn(pt, pm, rng):

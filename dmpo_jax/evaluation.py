@@ -1,7 +1,8 @@
 """Evaluate a policy on NP task instances: SR/QR (best-of-k and mean), pass@k, diversity, length.
 
-``sample_fn(prompt_tokens [B, P], prompt_mask [B, P], rng) -> (tokens, mask)``
-is any sampler (the training loop's jitted one, or one built from a HF folder).
+``sample_fn(prompt_tokens [Bp, P], prompt_mask [Bp, P], rng) -> (tokens, mask)``, both
+``[Bp * samples, T]`` with each prompt's samples adjacent, is any sampler (the training
+loop's jitted one, or one built from a HF folder).
 Each instance gets ``samples`` completions at ``temperature`` (NP-Bench: 3 at
 0.7); SR@k/QR@k use the first k of them, the means use all of them.
 """
@@ -34,7 +35,6 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
     padded = chunk + [chunk[-1]] * (batch_prompts - real)  # fixed shapes: no recompilation
     ids = [encoder.encode(key, q) for key, q in padded]
     pt, pm = pipeline.pad_left(ids, prompt_len, encoder.pad)
-    pt, pm = np.repeat(pt, samples, 0), np.repeat(pm, samples, 0)
     tokens, mask = sample_fn(pt, pm, jax.random.fold_in(rng, c0))
     tokens, mask = dist.to_host(tokens), dist.to_host(mask)
     texts = encoder.texts(tokens, mask)

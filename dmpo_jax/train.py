@@ -18,6 +18,7 @@ before_after.png, hf/ (the final policy as a Hugging Face folder).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -138,18 +139,19 @@ def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: floa
 
 
 def make_sampler(graphdef, scfg, p_sh, data_sh, rep):
-  """Jitted (params, prompts [B, P], mask [B, P], key, host arrays or global) -> (tokens, mask,
-  logprobs), sharded over the mesh; the key is passed as replicated raw key data."""
+  """Jitted (params, prompts [Bp, P], mask [Bp, P], key) -> (tokens, mask, logprobs), each
+  [Bp * scfg.num_samples, T] and sharded over the mesh's rows. Prompts (host arrays, small)
+  and the key (raw key data) are passed replicated."""
   def run(params, prompt_tokens, prompt_mask, key_data):
     steps.TRACES["sampler"] += 1
     rng = jax.random.wrap_key_data(key_data)
     r = sampler_lib._generate(graphdef, params["model"], prompt_tokens, prompt_mask, rng, scfg)
     return r.tokens, r.mask, r.logprobs
-  jitted = jax.jit(run, in_shardings=(p_sh, data_sh, data_sh, rep),
+  jitted = jax.jit(run, in_shardings=(p_sh, rep, rep, rep),
                    out_shardings=(data_sh, data_sh, data_sh))
 
   def call(params, pt, pm, key):
-    return jitted(params, dist.to_global(pt, data_sh), dist.to_global(pm, data_sh),
+    return jitted(params, dist.to_global(pt, rep), dist.to_global(pm, rep),
                   dist.to_global(np.asarray(jax.random.key_data(key)), rep))
   return call
 
@@ -218,7 +220,8 @@ def train(cfg, workdir: str) -> dict:
 
   writer = (report.MetricsWriter(workdir, cfg.log.tensorboard, resume_step=step if latest else None)
             if dist.is_main() else report.NullWriter(workdir))
-  eval_cfg = sampler_lib.SamplingConfig(max_new_tokens=lt, temperature=cfg.eval.temperature,
+  eval_cfg = sampler_lib.SamplingConfig(max_new_tokens=lt, num_samples=cfg.eval.samples,
+                                        temperature=cfg.eval.temperature,
                                         eos_id=tok.eos_token_id, pad_id=encoder.pad)
   eval_sampler = make_sampler(graphdef, eval_cfg, p_sh, data_sh, rep)
   eval_items = taskset.held_out(cfg.eval.num_per_task)
@@ -298,15 +301,18 @@ def train(cfg, workdir: str) -> dict:
       opt_state = init_opt(rl_opt)  # fresh optimizer for RL
 
     # --- Stage 3: DPH pre-sampling (dph_* presets) ------------------------------
-    scfg = sampler_lib.SamplingConfig(max_new_tokens=lt, temperature=cfg.rl.temperature,
-                                      top_p=cfg.rl.top_p, eos_id=tok.eos_token_id, pad_id=encoder.pad)
+    scfg = sampler_lib.SamplingConfig(max_new_tokens=lt, num_samples=cfg.rl.group_size,
+                                      temperature=cfg.rl.temperature, top_p=cfg.rl.top_p,
+                                      eos_id=tok.eos_token_id, pad_id=encoder.pad)
     rl_sampler = make_sampler(graphdef, scfg, p_sh, data_sh, rep)
     logprob_eval = steps.make_logprob_eval(graphdef, lp, cfg.rl.temperature,
                                            shardings=(p_sh, data_sh, None))
     dph = None
     if obj.divergence is not None and rl_steps:
       t0 = time.time()
-      dph = dph_presample(cfg, workdir, taskset, encoder, rl_sampler, logprob_eval, params,
+      dph_sampler = make_sampler(graphdef, dataclasses.replace(scfg, num_samples=cfg.dph.samples),
+                                 p_sh, data_sh, rep)
+      dph = dph_presample(cfg, workdir, taskset, encoder, dph_sampler, logprob_eval, params,
                           base_key, reward_cfg)
       times["dph"] += time.time() - t0
 
@@ -330,11 +336,11 @@ def train(cfg, workdir: str) -> dict:
           items = taskset.train("rl", s, P)
         ids = [encoder.encode(k, q) for k, q in items]
         pt, pm = pipeline.pad_left(ids, lp, encoder.pad)
-        pt, pm = np.repeat(pt, G, 0), np.repeat(pm, G, 0)
         ref_fn = (lambda sq: logprob_eval(ref_params, sq)) if need_ref else None
         tokens, mask_h, old_lp, ref_lp, rewards, stats, host_s = rollout_and_score(
             rl_sampler, params, items, encoder, pt, pm, jax.random.fold_in(base_key, step), G,
             cfg.rl.rollout_chunks, reward_cfg, ref_fn)
+        pt, pm = np.repeat(pt, G, 0), np.repeat(pm, G, 0)  # [P*G, lp]: each sample's prompt
         seqs = {"tokens": jnp.concatenate([dist.to_global(pt, data_sh), tokens], 1).reshape(P, G, lp + lt),
                 "prompt_mask": dist.to_global(pm.reshape(P, G, lp), data_sh)}
         t1 = time.time()
@@ -426,13 +432,12 @@ def train(cfg, workdir: str) -> dict:
 
 # ---------------------------------------------------------------------------
 def rollout_and_score(sampler, params, items, encoder, pt, pm, key, G, chunks, reward_cfg, ref_fn):
-  """Sample the step's rows in `chunks` pieces: while the host decodes and verifies piece c,
-  the device already samples piece c + 1 (and computes piece c's reference log-probs), so
-  reward computation does not stall the device. Returns device tokens [P*G, T], host mask,
+  """Sample G completions of each prompt (pt, pm [P, lp]) in `chunks` pieces: while the host
+  decodes and verifies piece c, the device already samples piece c + 1 (and computes piece c's
+  reference log-probs), so reward computation does not stall the device. Returns device tokens [P*G, T], host mask,
   device old log-probs, device reference log-probs (or None), rewards [P, G], stats, host seconds."""
   per = len(items) // chunks
-  rows = per * G
-  launch = lambda c: sampler(params, pt[c * rows:(c + 1) * rows], pm[c * rows:(c + 1) * rows],
+  launch = lambda c: sampler(params, pt[c * per:(c + 1) * per], pm[c * per:(c + 1) * per],
                              jax.random.fold_in(key, c))
   pending, outs, host_s = launch(0), [], 0.0
   for c in range(chunks):
@@ -442,8 +447,9 @@ def rollout_and_score(sampler, params, items, encoder, pt, pm, key, G, chunks, r
     ref = None
     if ref_fn is not None:
       data_sh = tokens.sharding
-      seqs = {"tokens": jnp.concatenate([dist.to_global(pt[c * rows:(c + 1) * rows], data_sh), tokens], 1),
-              "prompt_mask": dist.to_global(pm[c * rows:(c + 1) * rows], data_sh)}
+      per_row = lambda x: np.repeat(x[c * per:(c + 1) * per], G, 0)  # each sample's prompt
+      seqs = {"tokens": jnp.concatenate([dist.to_global(per_row(pt), data_sh), tokens], 1),
+              "prompt_mask": dist.to_global(per_row(pm), data_sh)}
       ref = ref_fn(seqs)
     tok_h, mask_h = dist.to_host(tokens), dist.to_host(mask)
     h0 = time.time()
@@ -475,8 +481,8 @@ def dph_presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params,
     real = len(part)
     part = part + [part[-1]] * (chunk - real)
     pt, pm = pipeline.pad_left([encoder.encode(kk, q) for kk, q in part], lp, encoder.pad)
-    pt, pm = np.repeat(pt, k, 0), np.repeat(pm, k, 0)
     tokens, mask, _ = sampler(params, pt, pm, jax.random.fold_in(base_key, 2 * 10**6 + c0))
+    pt, pm = np.repeat(pt, k, 0), np.repeat(pm, k, 0)
     sh = tokens.sharding
     seqs = {"tokens": jnp.concatenate([dist.to_global(pt, sh), tokens], 1), "prompt_mask": dist.to_global(pm, sh)}
     ref = dist.to_host(logprob_eval(params, seqs))

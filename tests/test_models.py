@@ -84,6 +84,28 @@ def test_cache_equals_no_cache_and_prefill_plus_decode_equals_full_forward():
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 
 
+def test_shared_prefix_decode_equals_full_forward():
+  """R rows sharing one prefilled prompt (with_prefix) decode exactly like full forwards."""
+  model = tiny_model(scale=3.0)
+  bp, r, p, t = 2, 3, 5, 4
+  rng = np.random.RandomState(3)
+  prompts = rng.randint(3, 61, (bp, p))
+  ids = np.concatenate([np.repeat(prompts, r, 0), rng.randint(3, 61, (bp * r, t))], axis=1)
+  ids = jnp.asarray(ids, jnp.int32)
+  full = np.asarray(model(ids))[:, p:]
+  causal = jnp.broadcast_to(jnp.tril(jnp.ones((p, p), bool)), (bp, p, p))
+  _, prefix = model(ids[::r, :p], mask=causal, cache=model.init_cache(bp, p), cache_index=0)
+  cache = model.with_prefix(prefix, bp * r, t)
+  steps = []
+  for i in range(t):
+    m = jnp.broadcast_to(jnp.arange(p + t) <= p + i, (bp * r, 1, p + t))
+    pos = jnp.full((bp * r, 1), p + i, jnp.int32)
+    logits, cache = model(ids[:, p + i:p + i + 1], pos, mask=m, cache=cache, cache_index=i)
+    steps.append(np.asarray(logits))
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+  with pytest.raises(ValueError, match="multiple"):
+    model.with_prefix(prefix, 5, t)
+
 def test_bfloat16_compute_is_close_to_float32():
   model = tiny_model(scale=3.0)
   ids = jnp.asarray(np.random.RandomState(3).randint(3, 61, (2, 8)), jnp.int32)

@@ -120,10 +120,9 @@ def test_no_retrace_for_new_prompts_of_the_same_shape():
   model = tiny_model()
   graphdef, params = nnx.split(model)
   traced = jax.jit(chex.assert_max_traces(sampler_lib._generate, n=1), static_argnums=(0, 5))
-  cfg = sampling.SamplingConfig(max_new_tokens=4)
+  cfg = sampling.SamplingConfig(max_new_tokens=4, num_samples=2)
   for seed in range(3):
-    tokens, mask = sampling.pad_prompts(random_prompts(2, 2, 5, 61, seed=seed), 2,
-                                        prompt_length=5)
+    tokens, mask = sampling.pad_prompts(random_prompts(2, 2, 5, 61, seed=seed), prompt_length=5)
     traced(graphdef, params, jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(seed), cfg)
   # The public entry point caches too.
   before = sampler_lib.sample._cache_size()

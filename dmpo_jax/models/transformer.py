@@ -20,9 +20,11 @@ from flax import nnx
 
 from dmpo_jax.models.config import ModelConfig, as_dtype
 
-# One layer's cache: {"k": [B, K, H, S], "v": [B, K, S, H]}. The whole cache
-# is a tuple over layers; the write index is passed separately so that the
-# cache stays a plain pytree of arrays.
+# One layer's cache: {"k": [B, K, H, S], "v": [B, K, S, H]}, optionally with a
+# prefix shared by groups of R = B / Bp adjacent rows, {"prefix_k": [Bp, K, H, P],
+# "prefix_v": [Bp, K, P, H]} (the prompt of R samples, stored and read once).
+# The whole cache is a tuple over layers; the write index is passed separately
+# so that the cache stays a plain pytree of arrays.
 Cache = tuple[dict[str, jax.Array], ...]
 
 _NEG_INF = -1e30  # finite: a fully masked row must not produce NaNs
@@ -83,7 +85,8 @@ class Attention(nnx.Module):
       self.v_bias = _param(rngs, (k * h,), pd, ("kv_heads",), zeros=True)
 
   def __call__(self, x, positions, mask, layer_cache=None, cache_index=None):
-    """x [B, L, D]; mask [B, L, S] bool; layer_cache {'k': [B, K, H, S], 'v': [B, K, S, H]}."""
+    """x [B, L, D]; mask [B, L, S] bool, or [B, L, P + S] with a shared prefix in the cache;
+    layer_cache {'k': [B, K, H, S], 'v': [B, K, S, H]} (+ 'prefix_k', 'prefix_v')."""
     cfg = self.cfg
     dt = x.dtype
     b, l, _ = x.shape
@@ -112,8 +115,9 @@ class Attention(nnx.Module):
                                         (0, 0, 0, cache_index))
       vv = jax.lax.dynamic_update_slice(layer_cache["v"], vv.astype(layer_cache["v"].dtype),
                                         (0, 0, cache_index, 0))
-      new_cache = {"k": kk, "v": vv}
+      new_cache = dict(layer_cache, k=kk, v=vv)
       kk, vv = kk.astype(dt), vv.astype(dt)
+    prefix = layer_cache is not None and "prefix_k" in layer_cache
 
     # Grouped-query attention without repeating K/V: query head n = k * G + g
     # uses kv head k (HF's repeat_kv order). The G query heads of one kv head
@@ -121,14 +125,29 @@ class Attention(nnx.Module):
     # 4-D batched dot [B, K, Q, H] x [B, K, H, S] (5-D einsums ran ~4x slower
     # on XLA:CPU).
     g = n // k
-    s = kk.shape[3]
     q = q.reshape(b, l, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * l, h)
-    logits = jnp.einsum("bkqh,bkhs->bkqs", q, kk,
-                        preferred_element_type=jnp.float32) * (h ** -0.5)
+    logits = jnp.einsum("bkqh,bkhs->bkqs", q, kk, preferred_element_type=jnp.float32)
+    if prefix:
+      # The shared prefix: the R rows of a group put their queries side by side
+      # ([B, K, Q, .] <-> [Bp, K, R * Q, .]) and read the prefix keys once.
+      pk, pv = layer_cache["prefix_k"].astype(dt), layer_cache["prefix_v"].astype(dt)
+      bp, p = pk.shape[0], pk.shape[3]
+      group = lambda t: t.reshape(bp, b // bp, k, -1, t.shape[3]).swapaxes(1, 2).reshape(
+          bp, k, -1, t.shape[3])
+      ungroup = lambda t: t.reshape(bp, k, b // bp, -1, t.shape[3]).swapaxes(1, 2).reshape(
+          b, k, -1, t.shape[3])
+      prefix_logits = jnp.einsum("bkqh,bkhs->bkqs", group(q), pk,
+                                 preferred_element_type=jnp.float32)
+      logits = jnp.concatenate([ungroup(prefix_logits), logits], axis=-1)
+    s = logits.shape[3]
     qmask = jnp.broadcast_to(mask[:, None, None], (b, 1, g, l, s)).reshape(b, 1, g * l, s)
-    logits = jnp.where(qmask, logits, _NEG_INF)
+    logits = jnp.where(qmask, logits * (h ** -0.5), _NEG_INF)
     probs = jax.nn.softmax(logits, axis=-1).astype(dt)  # float32 softmax
-    out = jnp.einsum("bkqs,bksh->bkqh", probs, vv)  # [B, K, G*L, H]
+    if prefix:
+      out = (ungroup(jnp.einsum("bkqs,bksh->bkqh", group(probs[..., :p]), pv))
+             + jnp.einsum("bkqs,bksh->bkqh", probs[..., p:], vv))
+    else:
+      out = jnp.einsum("bkqs,bksh->bkqh", probs, vv)  # [B, K, G*L, H]
     out = out.reshape(b, k, g, l, h).transpose(0, 3, 1, 2, 4).reshape(b, l, n * h)
     return out @ self.o[...].astype(dt), new_cache
 
@@ -186,6 +205,14 @@ class Transformer(nnx.Module):
     return tuple({"k": jnp.zeros(k_shape, dtype), "v": jnp.zeros(v_shape, dtype)}
                  for _ in range(cfg.num_layers))
 
+  def with_prefix(self, prefix: Cache, rows: int, length: int) -> Cache:
+    """A cache of `length` empty slots for `rows` rows that share `prefix` (a cache of Bp
+    rows, e.g. prefilled prompts): rows r * R .. r * R + R - 1 read prefix row r, R = rows / Bp."""
+    if rows % prefix[0]["k"].shape[0]:
+      raise ValueError(f"rows={rows} must be a multiple of the prefix's {prefix[0]['k'].shape[0]} rows")
+    empty = self.init_cache(rows, length, prefix[0]["k"].dtype)
+    return tuple(dict(e, prefix_k=pre["k"], prefix_v=pre["v"]) for e, pre in zip(empty, prefix))
+
   def hidden(self, tokens, positions=None, *, mask=None, cache: Cache | None = None,
              cache_index=None):
     """Final-norm hidden states [B, L, D] (and the updated cache if one is given)."""
@@ -222,6 +249,9 @@ class Transformer(nnx.Module):
     positions [B, L] (default 0..L-1); mask [B, L, S] bool, True where query l
     may attend key s (default causal over this call's tokens); cache a tuple of
     {'k': [B, K, H, S], 'v': [B, K, S, H]} written at slot `cache_index` (a scalar).
+    A cache may also hold a read-only prefix shared by groups of adjacent rows
+    ({'prefix_k': [Bp, K, H, P], 'prefix_v': [Bp, K, P, H]}, see `with_prefix`);
+    the mask is then [B, L, P + S], the prefix's P keys first.
     """
     x, new_cache = self.hidden(tokens, positions, mask=mask, cache=cache,
                                cache_index=cache_index)

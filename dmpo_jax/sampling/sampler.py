@@ -3,7 +3,10 @@
 Prompts of different lengths are left-padded to a common length P, so every
 row writes its next key/value at the same cache slot (one
 `dynamic_update_slice` for the whole batch) while its RoPE position counts
-only its own tokens. The cache has S = P + T slots (T = max_new_tokens).
+only its own tokens. Each prompt is prefilled once; its keys and values are a
+prefix shared by its R = num_samples rows (an RL group shares one prompt: R
+times less prefill work, and decode reads the prompt's keys once per group),
+and each row's own cache has T = max_new_tokens slots.
 The loop stops when every row has emitted EOS (or a stop token) or T tokens.
 
 Log-probs are float32 log_softmax(logits / temperature) at the sampled token,
@@ -11,8 +14,8 @@ the quantity the update recomputes under the current parameters (top-k /
 top-p truncation shapes what is sampled, not the reported log-prob). Greedy
 rows report log_softmax(logits).
 
-Shapes (STYLE.md 7): B rows (prompts x samples), P prompt, T new tokens,
-S = P + T cache slots, V vocab.
+Shapes (STYLE.md 7): Bp prompts, R samples per prompt, B = Bp * R rows,
+P prompt, T new tokens, S = P + T cache slots, V vocab.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class SamplingConfig:
   """Static settings of one compiled sampler (hashable: a jit static argument)."""
 
   max_new_tokens: int
+  num_samples: int = 1  # R rows per prompt, adjacent
   temperature: float = 1.0
   top_k: int = 0  # 0: off
   top_p: float = 1.0  # 1.0: off
@@ -50,6 +54,8 @@ class SamplingConfig:
   def __post_init__(self):
     if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
       raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
+    if not isinstance(self.num_samples, int) or self.num_samples < 1:
+      raise ValueError(f"num_samples must be a positive int, got {self.num_samples!r}")
     if not self.greedy and not self.temperature > 0:
       raise ValueError(f"temperature must be > 0 unless greedy=True, got {self.temperature}")
     if not 0.0 < self.top_p <= 1.0:
@@ -66,7 +72,7 @@ class SamplingConfig:
 class _LoopState:
   t: jax.Array  # scalar int32: tokens sampled so far
   logits: jax.Array  # [B, V] float32: next-token logits
-  cache: tuple  # per layer {'k': [B, K, H, S], 'v': [B, K, S, H]}
+  cache: tuple  # per layer {'k': [B, K, H, T], 'v': [B, K, T, H], 'prefix_k', 'prefix_v'}
   tokens: jax.Array  # [B, T]
   logprobs: jax.Array  # [B, T]
   done: jax.Array  # [B] bool
@@ -112,21 +118,29 @@ def _sample_token(logits, rng, cfg: SamplingConfig):
 
 
 def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig):
-  """Pure: (params, left-padded prompts [B, P], mask [B, P], rng) -> Rollout."""
+  """Pure: (params, left-padded prompts [Bp, P], mask [Bp, P], rng) -> Rollout [B, T] with
+  B = Bp * cfg.num_samples rows, the samples of one prompt adjacent."""
   model = nnx.merge(graphdef, params)
-  b, p = prompt_tokens.shape
+  bp, p = prompt_tokens.shape
+  r = cfg.num_samples
+  b = bp * r
   t_max = cfg.max_new_tokens
   s = p + t_max
-  slots = jnp.arange(s)
-  # Keys a row may ever see: its real prompt tokens and everything generated.
-  key_valid = jnp.concatenate([prompt_mask.astype(bool), jnp.ones((b, t_max), bool)], axis=1)
-  prompt_len = prompt_mask.sum(axis=1).astype(jnp.int32)  # [B]
+  prompt_mask = prompt_mask.astype(bool)
 
-  # Prefill: all P prompt slots at once.
+  # Prefill: all P prompt slots at once, once per prompt.
   positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0).astype(jnp.int32)
-  mask = key_valid[:, None, :] & (slots[None, None, :] <= jnp.arange(p)[None, :, None])
-  cache = model.init_cache(b, s)
-  logits, cache = model(prompt_tokens, positions, mask=mask, cache=cache, cache_index=0)
+  mask = prompt_mask[:, None, :] & (jnp.arange(p)[None, None, :] <= jnp.arange(p)[None, :, None])
+  logits, prefix = model(prompt_tokens, positions, mask=mask, cache=model.init_cache(bp, p),
+                         cache_index=0)
+  # Each prompt's R samples share its cache as a prefix and start from its last logits.
+  cache = model.with_prefix(prefix, b, t_max)
+  logits = jnp.repeat(logits[:, -1], r, axis=0)
+  # Keys a row may ever see: its real prompt tokens and everything generated.
+  key_valid = jnp.concatenate([jnp.repeat(prompt_mask, r, axis=0), jnp.ones((b, t_max), bool)],
+                              axis=1)
+  prompt_len = key_valid[:, :p].sum(axis=1).astype(jnp.int32)  # [B]
+  slots = jnp.arange(s)
 
   end_ids = jnp.asarray(cfg.end_ids or (-1,), jnp.int32)
 
@@ -141,16 +155,16 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
     tokens = jax.lax.dynamic_update_slice(st.tokens, tok[:, None], (0, st.t))
     logprobs = jax.lax.dynamic_update_slice(st.logprobs, logp[:, None], (0, st.t))
     done = st.done | jnp.any(tok[:, None] == end_ids[None, :], axis=1)
-    # Feed the token just sampled at slot P + t to get the next logits.
+    # Feed the token just sampled (generated slot t, key P + t) to get the next logits.
     step_mask = (key_valid & (slots[None, :] <= p + st.t))[:, None, :]
     pos = (prompt_len + st.t)[:, None]
     next_logits, cache = model(tok[:, None], pos, mask=step_mask, cache=st.cache,
-                               cache_index=p + st.t)
+                               cache_index=st.t)
     return _LoopState(t=st.t + 1, logits=next_logits[:, 0], cache=cache, tokens=tokens,
                       logprobs=logprobs, done=done, rng=rng)
 
   init = _LoopState(
-      t=jnp.zeros((), jnp.int32), logits=logits[:, -1], cache=cache,
+      t=jnp.zeros((), jnp.int32), logits=logits, cache=cache,
       tokens=jnp.full((b, t_max), cfg.pad_id, jnp.int32),
       logprobs=jnp.zeros((b, t_max), jnp.float32),
       done=jnp.zeros((b,), bool), rng=rng)
@@ -167,10 +181,10 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
 sample = jax.jit(_generate, static_argnums=(0, 5))
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], num_samples: int = 1,
-                prompt_length: int | None = None, pad_id: int = 0):
-  """Ragged prompts -> left-padded tokens [B, P] and mask [B, P], each prompt repeated
-  num_samples times (the samples of one prompt adjacent). P = prompt_length or the longest."""
+def pad_prompts(prompts: Sequence[Sequence[int]], prompt_length: int | None = None,
+                pad_id: int = 0):
+  """Ragged prompts -> left-padded tokens [Bp, P] and mask [Bp, P]; P = prompt_length or the
+  longest."""
   if len(prompts) == 0:
     raise ValueError("prompts is empty")
   lengths = [len(x) for x in prompts]
@@ -185,7 +199,7 @@ def pad_prompts(prompts: Sequence[Sequence[int]], num_samples: int = 1,
   for i, x in enumerate(prompts):
     tokens[i, p - len(x):] = np.asarray(x, np.int32)
     mask[i, p - len(x):] = 1
-  return np.repeat(tokens, num_samples, axis=0), np.repeat(mask, num_samples, axis=0)
+  return tokens, mask
 
 
 def generate(model, prompts: Sequence[Sequence[int]], *, rng, max_new_tokens: int,
@@ -201,13 +215,14 @@ def generate(model, prompts: Sequence[Sequence[int]], *, rng, max_new_tokens: in
   `max_length` is the cache size the prompt plus new tokens must fit in
   (default: the model's max_position_embeddings).
   """
-  cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=float(temperature),
+  if num_samples < 1:
+    raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+  cfg = SamplingConfig(max_new_tokens=max_new_tokens, num_samples=int(num_samples),
+                       temperature=float(temperature),
                        top_k=int(top_k), top_p=float(top_p), greedy=bool(greedy),
                        eos_id=eos_id, stop_ids=tuple(int(x) for x in stop_ids),
                        pad_id=int(pad_id))
-  if num_samples < 1:
-    raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-  tokens, mask = pad_prompts(prompts, num_samples, prompt_length, pad_id)
+  tokens, mask = pad_prompts(prompts, prompt_length, pad_id)
   limit = max_length if max_length is not None else model.cfg.max_position_embeddings
   if tokens.shape[1] + max_new_tokens > limit:
     raise ValueError(
