@@ -6,7 +6,9 @@ row writes its next key/value at the same cache slot (one
 only its own tokens. Each prompt is prefilled once; its keys and values are a
 prefix shared by its R = num_samples rows (an RL group shares one prompt: R
 times less prefill work, and decode reads the prompt's keys once per group),
-and each row's own cache has T = max_new_tokens slots.
+and each row's own cache has T = max_new_tokens slots. Decoding runs in
+`decode_phases` loops over a growing cache (T/4, T/2, ... slots), so early
+tokens do not read the empty slots of later ones.
 The loop stops when every row has emitted EOS (or a stop token) or T tokens.
 
 Log-probs are float32 log_softmax(logits / temperature) at the sampled token,
@@ -50,10 +52,13 @@ class SamplingConfig:
   eos_id: int | None = None
   stop_ids: tuple[int, ...] = ()
   pad_id: int = 0
+  decode_phases: int = 4  # decode loops over growing caches: less reading, one compile each
 
   def __post_init__(self):
     if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
       raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
+    if not isinstance(self.decode_phases, int) or self.decode_phases < 1:
+      raise ValueError(f"decode_phases must be a positive int, got {self.decode_phases!r}")
     if not isinstance(self.num_samples, int) or self.num_samples < 1:
       raise ValueError(f"num_samples must be a positive int, got {self.num_samples!r}")
     if not self.greedy and not self.temperature > 0:
@@ -134,7 +139,8 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
   logits, prefix = model(prompt_tokens, positions, mask=mask, cache=model.init_cache(bp, p),
                          cache_index=0)
   # Each prompt's R samples share its cache as a prefix and start from its last logits.
-  cache = model.with_prefix(prefix, b, t_max)
+  lengths = sorted({-(-t_max * (c + 1) // cfg.decode_phases) for c in range(cfg.decode_phases)})
+  cache = model.with_prefix(prefix, b, lengths[0])
   logits = jnp.repeat(logits[:, -1], r, axis=0)
   # Keys a row may ever see: its real prompt tokens and everything generated.
   key_valid = jnp.concatenate([jnp.repeat(prompt_mask, r, axis=0), jnp.ones((b, t_max), bool)],
@@ -145,7 +151,7 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
   end_ids = jnp.asarray(cfg.end_ids or (-1,), jnp.int32)
 
   def cond(st: _LoopState):
-    return (st.t < t_max) & ~jnp.all(st.done)
+    return (st.t < st.cache[0]["k"].shape[3]) & ~jnp.all(st.done)
 
   def body(st: _LoopState):
     rng, sub = jax.random.split(st.rng)
@@ -156,7 +162,8 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
     logprobs = jax.lax.dynamic_update_slice(st.logprobs, logp[:, None], (0, st.t))
     done = st.done | jnp.any(tok[:, None] == end_ids[None, :], axis=1)
     # Feed the token just sampled (generated slot t, key P + t) to get the next logits.
-    step_mask = (key_valid & (slots[None, :] <= p + st.t))[:, None, :]
+    n = p + st.cache[0]["k"].shape[3]  # keys of this phase
+    step_mask = (key_valid[:, :n] & (slots[None, :n] <= p + st.t))[:, None, :]
     pos = (prompt_len + st.t)[:, None]
     next_logits, cache = model(tok[:, None], pos, mask=step_mask, cache=st.cache,
                                cache_index=st.t)
@@ -168,7 +175,13 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
       tokens=jnp.full((b, t_max), cfg.pad_id, jnp.int32),
       logprobs=jnp.zeros((b, t_max), jnp.float32),
       done=jnp.zeros((b,), bool), rng=rng)
+  # Phase c attends over the first lengths[c] generated slots only: the cache grows (one
+  # copy) between phases instead of every step reading all T slots.
   st = jax.lax.while_loop(cond, body, init)
+  for n in lengths[1:]:
+    grow = lambda c: dict(c, k=jnp.pad(c["k"], ((0, 0),) * 3 + ((0, n - c["k"].shape[3]),)),
+                          v=jnp.pad(c["v"], ((0, 0),) * 2 + ((0, n - c["v"].shape[2]), (0, 0))))
+    st = jax.lax.while_loop(cond, body, st.replace(cache=tuple(grow(c) for c in st.cache)))
   # Valid = generated before the row ended, the ending token included.
   is_end = jnp.any(st.tokens[..., None] == end_ids, axis=-1)
   ended_before = jnp.cumsum(is_end, axis=1) - is_end
