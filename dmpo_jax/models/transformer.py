@@ -128,23 +128,23 @@ class Attention(nnx.Module):
     q = q.reshape(b, l, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * l, h)
     logits = jnp.einsum("bkqh,bkhs->bkqs", q, kk, preferred_element_type=jnp.float32)
     if prefix:
-      # The shared prefix: the R rows of a group put their queries side by side
-      # ([B, K, Q, .] <-> [Bp, K, R * Q, .]) and read the prefix keys once.
-      pk, pv = layer_cache["prefix_k"].astype(dt), layer_cache["prefix_v"].astype(dt)
+      # The shared prefix: row i * R + r reads prefix row i, each prefix key once
+      # per group. The prefix is small (prompt slots x prompts), so broadcast,
+      # multiply and reduce in float32: one fusion, no transposes (a dot over
+      # [Bp, R, K, Q, H] needs two).
+      f32 = jnp.float32
+      pk, pv = layer_cache["prefix_k"].astype(f32), layer_cache["prefix_v"].astype(f32)
       bp, p = pk.shape[0], pk.shape[3]
-      group = lambda t: t.reshape(bp, b // bp, k, -1, t.shape[3]).swapaxes(1, 2).reshape(
-          bp, k, -1, t.shape[3])
-      ungroup = lambda t: t.reshape(bp, k, b // bp, -1, t.shape[3]).swapaxes(1, 2).reshape(
-          b, k, -1, t.shape[3])
-      prefix_logits = jnp.einsum("bkqh,bkhs->bkqs", group(q), pk,
-                                 preferred_element_type=jnp.float32)
-      logits = jnp.concatenate([ungroup(prefix_logits), logits], axis=-1)
+      grouped = lambda t: t.reshape(bp, b // bp, *t.shape[1:])  # [B, ..] -> [Bp, R, ..]
+      prefix_logits = (grouped(q).astype(f32)[..., None] * pk[:, None, :, None]).sum(4)
+      logits = jnp.concatenate([prefix_logits.reshape(b, k, g * l, p), logits], axis=-1)
     s = logits.shape[3]
     qmask = jnp.broadcast_to(mask[:, None, None], (b, 1, g, l, s)).reshape(b, 1, g * l, s)
     logits = jnp.where(qmask, logits * (h ** -0.5), _NEG_INF)
     probs = jax.nn.softmax(logits, axis=-1).astype(dt)  # float32 softmax
     if prefix:
-      out = (ungroup(jnp.einsum("bkqs,bksh->bkqh", group(probs[..., :p]), pv))
+      prefix_out = (grouped(probs[..., :p]).astype(f32)[..., None] * pv[:, None, :, None]).sum(4)
+      out = (prefix_out.reshape(b, k, g * l, h).astype(dt)
              + jnp.einsum("bkqs,bksh->bkqh", probs[..., p:], vv))
     else:
       out = jnp.einsum("bkqs,bksh->bkqh", probs, vv)  # [B, K, G*L, H]
