@@ -114,7 +114,8 @@ def _sample_token(logits, rng, cfg: SamplingConfig):
     # Inverse-CDF sampling: one uniform per row instead of V Gumbel draws
     # (2.7x cheaper per step on XLA:CPU). u is scaled by the row's total so a
     # rounding shortfall of the cumsum can never pick a zero-probability token.
-    probs = jax.nn.softmax(truncate_logits(scaled, cfg.top_k, cfg.top_p), axis=-1)
+    truncated = truncate_logits(scaled, cfg.top_k, cfg.top_p)
+    probs = jnp.exp(logp) if truncated is scaled else jax.nn.softmax(truncated, axis=-1)
     cdf = jnp.cumsum(probs, axis=-1)
     u = jax.random.uniform(rng, (logits.shape[0], 1)) * cdf[:, -1:]
     tok = jnp.minimum(jnp.sum(cdf <= u, axis=-1), logits.shape[-1] - 1)
