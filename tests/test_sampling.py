@@ -150,3 +150,22 @@ def test_bad_sampling_input_is_refused_before_compiling():
   out = sampling.generate(model, [[1, 2]], rng=jax.random.key(0), max_new_tokens=2,
                           temperature=0.0, greedy=True)
   assert out.tokens.shape == (1, 2)
+
+
+def test_decode_phases_change_nothing_but_speed():
+  """4 decode phases over a growing cache sample exactly what one loop over all slots samples,
+  also when some rows end (EOS) in an early phase."""
+  model = tiny_model(scale=3.0)
+  graphdef, params = nnx.split(model)
+  tokens, mask = sampling.pad_prompts(random_prompts(2, 2, 5, 61, seed=4), prompt_length=5)
+  outs = {}
+  for phases in (1, 4):
+    cfg = sampling.SamplingConfig(max_new_tokens=128, num_samples=3, eos_id=7,
+                                  decode_phases=phases)
+    outs[phases] = sampler_lib.sample(graphdef, params, jnp.asarray(tokens), jnp.asarray(mask),
+                                      jax.random.key(5), cfg)
+  lengths = np.asarray(outs[1].mask).sum(1)
+  assert lengths.min() < 32 < lengths.max()  # rows end in the first phase and after it
+  np.testing.assert_array_equal(np.asarray(outs[4].tokens), np.asarray(outs[1].tokens))
+  np.testing.assert_array_equal(np.asarray(outs[4].mask), np.asarray(outs[1].mask))
+  np.testing.assert_allclose(np.asarray(outs[4].logprobs), np.asarray(outs[1].logprobs), atol=1e-6)

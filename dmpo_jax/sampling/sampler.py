@@ -7,8 +7,8 @@ only its own tokens. Each prompt is prefilled once; its keys and values are a
 prefix shared by its R = num_samples rows (an RL group shares one prompt: R
 times less prefill work, and decode reads the prompt's keys once per group),
 and each row's own cache has T = max_new_tokens slots. Decoding runs in
-`decode_phases` loops over a growing cache (T/4, T/2, ... slots), so early
-tokens do not read the empty slots of later ones.
+`decode_phases` loops over a growing cache (T/4, T/2, ... slots; no phase
+under 32 slots), so early tokens do not read the empty slots of later ones.
 The loop stops when every row has emitted EOS (or a stop token) or T tokens.
 
 Log-probs are float32 log_softmax(logits / temperature) at the sampled token,
@@ -52,7 +52,7 @@ class SamplingConfig:
   eos_id: int | None = None
   stop_ids: tuple[int, ...] = ()
   pad_id: int = 0
-  decode_phases: int = 4  # decode loops over growing caches: less reading, one compile each
+  decode_phases: int = 4  # decode loops over growing caches (each >= 32 slots; one compile each)
 
   def __post_init__(self):
     if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -71,6 +71,9 @@ class SamplingConfig:
   @property
   def end_ids(self) -> tuple[int, ...]:
     return tuple(self.stop_ids) + (() if self.eos_id is None else (self.eos_id,))
+
+
+_MIN_PHASE = 32  # a shorter phase saves less reading than its compile costs
 
 
 @struct.dataclass
@@ -140,7 +143,8 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
   logits, prefix = model(prompt_tokens, positions, mask=mask, cache=model.init_cache(bp, p),
                          cache_index=0)
   # Each prompt's R samples share its cache as a prefix and start from its last logits.
-  lengths = sorted({-(-t_max * (c + 1) // cfg.decode_phases) for c in range(cfg.decode_phases)})
+  phases = max(1, min(cfg.decode_phases, t_max // _MIN_PHASE))
+  lengths = [-(-t_max * (c + 1) // phases) for c in range(phases)]
   cache = model.with_prefix(prefix, b, lengths[0])
   logits = jnp.repeat(logits[:, -1], r, axis=0)
   # Keys a row may ever see: its real prompt tokens and everything generated.
