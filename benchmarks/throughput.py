@@ -97,8 +97,10 @@ def main(argv=None):
   tok_s = rows * lt / dt
   act_bytes = np.dtype(jnp.dtype(dtype)).itemsize
   param_bytes = sum(x.size for x in jax.tree.leaves(state)) * act_bytes  # weights read at compute dtype
-  mean_ctx = lp + lt / 2
-  kv_bytes = rows * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * mean_ctx * act_bytes
+  # Keys/values read per decode step: each prompt's once (shared by its samples), each row's
+  # generated ones (T/2 on average).
+  slots = args.batch * lp + rows * lt / 2
+  kv_bytes = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * slots * act_bytes
   bound = rows * bw / (param_bytes + kv_bytes)
 
   opt = make_optimizer(1e-5, 100, 1, 1.0)
