@@ -434,8 +434,9 @@ def train(cfg, workdir: str) -> dict:
 def rollout_and_score(sampler, params, items, encoder, pt, pm, key, G, chunks, reward_cfg, ref_fn):
   """Sample G completions of each prompt (pt, pm [P, lp]) in `chunks` pieces: while the host
   decodes and verifies piece c, the device already samples piece c + 1 (and computes piece c's
-  reference log-probs), so reward computation does not stall the device. Returns device tokens [P*G, T], host mask,
-  device old log-probs, device reference log-probs (or None), rewards [P, G], stats, host seconds."""
+  reference log-probs), so reward computation does not stall the device. Returns device
+  tokens [P*G, T], host mask, device old log-probs, device reference log-probs (or None),
+  rewards [P, G], stats, host seconds."""
   per = len(items) // chunks
   launch = lambda c: sampler(params, pt[c * per:(c + 1) * per], pm[c * per:(c + 1) * per],
                              jax.random.fold_in(key, c))
