@@ -251,3 +251,30 @@ def test_remat_gives_the_same_gradients():
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
   assert "remat" in str(jax.make_jaxpr(jax.grad(loss(g2)))(s))  # the recomputation is really there
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)])
+def test_attention_core_backward_matches_autodiff(dtype, tol):
+  from dmpo_jax.models.transformer import _NEG_INF, attend
+
+  b, k, q_len, s, h = 3, 2, 10, 7, 8
+  keys = jax.random.split(jax.random.key(0), 5)
+  q = jax.random.normal(keys[0], (b, k, q_len, h))
+  kk = jax.random.normal(keys[1], (b, k, h, s))
+  v = jax.random.normal(keys[2], (b, k, s, h))
+  mask = jax.random.bernoulli(keys[3], 0.6, (b, 1, q_len, s)).at[0, 0, 3].set(False)  # one empty row
+  weights = jax.random.normal(keys[4], (b, k, q_len, h))
+
+  def reference(q, kk, v):  # float32, plain autodiff of masked softmax attention
+    logits = jnp.where(mask, jnp.einsum("bkqh,bkhs->bkqs", q, kk) * h ** -0.5, _NEG_INF)
+    return jnp.einsum("bkqs,bksh->bkqh", jax.nn.softmax(logits, -1), v)
+
+  def grads(fn, *args):
+    return jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32) * weights), argnums=(0, 1, 2))(*args)
+
+  ours = grads(lambda *a: attend(*a, mask), *(t.astype(dtype) for t in (q, kk, v)))
+  want = grads(reference, q, kk, v)
+  for name, a, w in zip("qkv", ours, want):
+    assert a.dtype == dtype, name
+    err = float(jnp.abs(a.astype(jnp.float32) - w).max() / jnp.abs(w).max())
+    assert err < tol, f"d{name}: relative error {err:.2e}"

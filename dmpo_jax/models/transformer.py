@@ -70,15 +70,58 @@ def dense(x, w, **kw):
 
 
 def rope(x, positions, theta: float):
-  """Rotary embedding, HF layout (halves, not interleaved). x [B, L, *, H], positions [B, L]."""
+  """Rotary embedding, HF layout (halves, not interleaved). x [B, L, *, H], positions [B, L].
+
+  Written as x * [cos, cos] + swap_halves(x) * [-sin, sin]: the same numbers
+  as HF's concatenate of the two rotated halves, but one elementwise fusion
+  (the concatenate form cost ~8% of an attention layer's forward + backward
+  on XLA:CPU).
+  """
   h = x.shape[-1]
   inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))  # [H/2]
   freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, L, H/2]
-  cos = jnp.cos(freqs)[:, :, None, :]
-  sin = jnp.sin(freqs)[:, :, None, :]
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x.dtype)
+  cos, sin = jnp.cos(freqs), jnp.sin(freqs)
+  cos = jnp.concatenate([cos, cos], axis=-1)[:, :, None, :]  # [B, L, 1, H]
+  sin = jnp.concatenate([-sin, sin], axis=-1)[:, :, None, :]
+  x32 = x.astype(jnp.float32)
+  swapped = jnp.flip(x32.reshape(*x.shape[:-1], 2, h // 2), axis=-2).reshape(x.shape)
+  return (x32 * cos + swapped * sin).astype(x.dtype)
+
+
+@jax.custom_vjp
+def attend(q, k, v, mask):
+  """Softmax attention core: q [B, K, Q, H], k [B, K, H, S], v [B, K, S, H], mask [B, 1, Q, S]
+  bool -> [B, K, Q, H]. Logits and softmax in float32, scaled by H ** -0.5.
+
+  A hand-written backward (the standard one: dP = dO V^T, dS = P * (dP - rowsum(dO * O)))
+  saves several passes over the [B, K, Q, S] tensors that autodiff of the
+  masked softmax makes: the attention core's forward + backward ran ~1.5x
+  faster on XLA:CPU. tests/test_models.py checks it against autodiff.
+  """
+  return _attend_fwd(q, k, v, mask)[0]
+
+
+def _attend_fwd(q, k, v, mask):
+  logits = jnp.einsum("bkqh,bkhs->bkqs", q, k, preferred_element_type=jnp.float32)
+  logits = jnp.where(mask, logits * (q.shape[-1] ** -0.5), _NEG_INF)
+  probs = jax.nn.softmax(logits, axis=-1)  # float32
+  out = jnp.einsum("bkqs,bksh->bkqh", probs.astype(q.dtype), v)
+  return out, (q, k, v, mask, probs, out)
+
+
+def _attend_bwd(res, d_out):
+  q, k, v, mask, probs, out = res
+  dt, f32 = q.dtype, jnp.float32
+  d_v = jnp.einsum("bkqs,bkqh->bksh", probs.astype(dt), d_out)
+  d_probs = jnp.einsum("bkqh,bksh->bkqs", d_out, v, preferred_element_type=f32)
+  delta = jnp.sum(d_out.astype(f32) * out.astype(f32), axis=-1, keepdims=True)
+  d_logits = jnp.where(mask, probs * (d_probs - delta) * (q.shape[-1] ** -0.5), 0.0).astype(dt)
+  d_q = jnp.einsum("bkqs,bkhs->bkqh", d_logits, k)
+  d_k = jnp.einsum("bkqh,bkqs->bkhs", q, d_logits)
+  return d_q, d_k, d_v, None
+
+
+attend.defvjp(_attend_fwd, _attend_bwd)
 
 
 class Attention(nnx.Module):
@@ -138,28 +181,27 @@ class Attention(nnx.Module):
     # on XLA:CPU).
     g = n // k
     q = q.reshape(b, l, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * l, h)
-    logits = jnp.einsum("bkqh,bkhs->bkqs", q, kk, preferred_element_type=jnp.float32)
-    if prefix:
+    s = mask.shape[-1]
+    qmask = jnp.broadcast_to(mask[:, None, None], (b, 1, g, l, s)).reshape(b, 1, g * l, s)
+    if not prefix:
+      out = attend(q, kk, vv, qmask)  # [B, K, G*L, H]
+    else:
       # The shared prefix: row i * R + r reads prefix row i, each prefix key once
       # per group. The prefix is small (prompt slots x prompts), so broadcast,
       # multiply and reduce in float32: one fusion, no transposes (a dot over
-      # [Bp, R, K, Q, H] needs two).
+      # [Bp, R, K, Q, H] needs two). Decode only: plain autodiff suffices.
       f32 = jnp.float32
       pk, pv = layer_cache["prefix_k"].astype(f32), layer_cache["prefix_v"].astype(f32)
       bp, p = pk.shape[0], pk.shape[3]
       grouped = lambda t: t.reshape(bp, b // bp, *t.shape[1:])  # [B, ..] -> [Bp, R, ..]
+      logits = jnp.einsum("bkqh,bkhs->bkqs", q, kk, preferred_element_type=f32)
       prefix_logits = (grouped(q).astype(f32)[..., None] * pk[:, None, :, None]).sum(4)
       logits = jnp.concatenate([prefix_logits.reshape(b, k, g * l, p), logits], axis=-1)
-    s = logits.shape[3]
-    qmask = jnp.broadcast_to(mask[:, None, None], (b, 1, g, l, s)).reshape(b, 1, g * l, s)
-    logits = jnp.where(qmask, logits * (h ** -0.5), _NEG_INF)
-    probs = jax.nn.softmax(logits, axis=-1).astype(dt)  # float32 softmax
-    if prefix:
+      logits = jnp.where(qmask, logits * (h ** -0.5), _NEG_INF)
+      probs = jax.nn.softmax(logits, axis=-1).astype(dt)  # float32 softmax
       prefix_out = (grouped(probs[..., :p]).astype(f32)[..., None] * pv[:, None, :, None]).sum(4)
       out = (prefix_out.reshape(b, k, g * l, h).astype(dt)
              + jnp.einsum("bkqs,bksh->bkqh", probs[..., p:], vv))
-    else:
-      out = jnp.einsum("bkqs,bksh->bkqh", probs, vv)  # [B, K, G*L, H]
     out = out.reshape(b, k, g, l, h).transpose(0, 3, 1, 2, 4).reshape(b, l, n * h)
     return dense(out, self.o[...].astype(dt)), new_cache
 
