@@ -278,3 +278,16 @@ def test_attention_core_backward_matches_autodiff(dtype, tol):
     assert a.dtype == dtype, name
     err = float(jnp.abs(a.astype(jnp.float32) - w).max() / jnp.abs(w).max())
     assert err < tol, f"d{name}: relative error {err:.2e}"
+
+
+def test_swiglu_backward_matches_autodiff():
+  from dmpo_jax.models.transformer import swiglu
+
+  keys = jax.random.split(jax.random.key(1), 3)
+  gate, up, weights = (4 * jax.random.normal(k, (5, 12)) for k in keys)
+  loss = lambda fn: lambda g, u: jnp.sum(fn(g, u) * weights)
+  ours = jax.grad(loss(swiglu), argnums=(0, 1))(gate, up)
+  want = jax.grad(loss(lambda g, u: jax.nn.silu(g) * u), argnums=(0, 1))(gate, up)
+  np.testing.assert_allclose(swiglu(gate, up), jax.nn.silu(gate) * up, rtol=1e-6)
+  for a, w in zip(ours, want):
+    np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-6)
