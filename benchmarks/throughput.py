@@ -121,7 +121,7 @@ def main(argv=None):
     params, o, m = update(params, o, batch)
     jax.block_until_ready(m["loss"])
     best = min(best, time.perf_counter() - t)
-  flops = update_flops(cfg, rows, lp + lt - 1)
+  flops = update_flops(cfg, rows, lp + lt - 1, lt)
   mfu = flops / best / peak
   out = {"backend": backend, "device": kind, "peaks_source": source, "bandwidth_Bps": bw,
          "peak_flops": peak, "rollout_tokens_per_s": tok_s, "rollout_bound_tokens_per_s": bound,
