@@ -61,8 +61,9 @@ def get_config(arg: str | None = None):
       algo=opts.get("algo", "dmpo"), steps=60, prompts_per_step=8, group_size=8, lr=3e-4,
       temperature=1.0, top_p=1.0, max_grad_norm=1.0,
       curriculum="",           # e.g. "easy:0,medium:100,hard:200" (RL step at which a level starts)
-      rollout_chunks=2,
-      micro_batches=1,         # gradient accumulation: the update runs over this many slices of prompts        # sample in pieces; the host scores one while the device samples the next
+      rollout_chunks=2,        # sample in pieces; the host scores one while the device samples the next
+      micro_batches=0,         # the update runs over this many slices of prompts (gradient accumulation);
+                               # 0 = auto: one per group on a CPU when exact (train.micro_batches)
       nonfinite_patience=3,    # stop after this many non-finite steps in a row
       check_recompile=True,    # error if the update recompiles after its first step
   ))

@@ -175,7 +175,7 @@ def main(argv=None):
       cfg = config_from_hf(json.load(fh), dtype=c.model.dtype, param_dtype=c.model.param_dtype)
     mesh = {k: v for k, v in dict(c.mesh).items() if v != -1} or mesh
     work = Workload(c.rl.prompts_per_step, c.rl.group_size, c.model.max_prompt_len,
-                    c.model.max_new_tokens, c.model.remat, c.rl.micro_batches)
+                    c.model.max_new_tokens, c.model.remat, c.rl.micro_batches or 1)  # 0: auto, 1 off CPU
     name = c.model.init
   elif args.model:
     cfg = ModelConfig(**MODELS[args.model], dtype=args.dtype, param_dtype="float32")

@@ -263,8 +263,10 @@ def test_qwen_config_trains_a_local_hf_folder(tmp_path):
     nphard_qwen.get_config(None)
 
 
-def test_micro_batches_match_one_batch():
-  """Gradient accumulation over 4 slices gives the full batch's update (seq-mean losses)."""
+@pytest.mark.parametrize("algo", ["grpo", "dr_grpo", "gspo", "dmpo", "dapo", "gpg", "rkl"])
+def test_micro_batches_match_one_batch_exactly_when_slice_exact(algo):
+  """Gradient accumulation over slices of whole groups gives the full batch's update for the
+  objectives presets.slice_exact names (what auto micro-batching relies on), not for others."""
   import optax
   from flax import nnx
   from dmpo_jax import steps
@@ -276,17 +278,35 @@ def test_micro_batches_match_one_batch():
   rng = np.random.default_rng(0)
   batch = {"seqs": {"tokens": rng.integers(3, 100, (P, G, LP + LT)).astype(np.int32),
                     "prompt_mask": np.ones((P, G, LP), np.int32)},
-           "mask": (rng.random((P, G, LT)) < 0.8).astype(np.int32),
+           "mask": (rng.random((P, G, LT)) < 0.6).astype(np.int32),
            "old_logprobs": rng.normal(-4, 0.3, (P, G, LT)).astype(np.float32),
+           "ref_logprobs": rng.normal(-4, 0.3, (P, G, LT)).astype(np.float32),
            "rewards": rng.random((P, G)).astype(np.float32)}
+  obj = presets.objective_config(algo)
   outs = []
-  for mb in (1, 4):
+  for mb in (1, P):
     opt = optax.sgd(0.1)
-    step = steps.make_rl_step(graphdef, presets.objective_config("dmpo"), opt, LP, 1.0, micro_batches=mb)
+    step = steps.make_rl_step(graphdef, obj, opt, LP, 1.0, micro_batches=mb)
     params = {"model": jax.tree.map(jax.numpy.copy, state)}
     p, _, m = step(params, opt.init(params), batch)
     outs.append((p, m))
-  (p1, m1), (p4, m4) = outs
-  assert float(m1["loss"]) == pytest.approx(float(m4["loss"]), rel=1e-5)
-  for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p4)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  (p1, m1), (p8, m8) = outs
+  same = np.isclose(float(m1["loss"]), float(m8["loss"]), rtol=1e-5, atol=0) and all(
+      np.allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+      for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8)))
+  assert same == presets.slice_exact(obj), (algo, float(m1["loss"]), float(m8["loss"]))
+
+
+def test_auto_micro_batches():
+  from dmpo_jax import sharding
+  from dmpo_jax.objectives import presets
+  cfg = smoke()  # 8 prompts per step
+  one = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  eight = sharding.make_mesh({"data": 8}, jax.devices()[:8])
+  dmpo, dph = presets.objective_config("dmpo"), presets.objective_config("dph_js")
+  assert cfg.rl.micro_batches == 0  # auto by default
+  assert train_lib.micro_batches(cfg, dmpo, one) == 8  # one group per slice on a CPU
+  assert train_lib.micro_batches(cfg, dmpo, eight) == 1  # every slice must span the 8 devices
+  assert train_lib.micro_batches(cfg, dph, one) == 1  # token-mean divergence: slicing would change it
+  cfg.rl.micro_batches = 2
+  assert train_lib.micro_batches(cfg, dph, one) == 2  # an explicit value is kept

@@ -110,6 +110,15 @@ def objective_config(preset: str = "dmpo", **overrides) -> ObjectiveConfig:
   return ObjectiveConfig(**{**PRESETS[preset], **overrides})
 
 
+def slice_exact(cfg: ObjectiveConfig) -> bool:
+  """Whether the loss is a mean over sequences and prompt groups, so that the mean of its
+  values (and gradients) over equal slices of whole groups equals the whole batch's
+  (steps.accumulate). Not so for a global token mean: agg="token_mean", GPG, a KL term
+  in the loss, DPH divergences (token means), and FlowRL (not checked)."""
+  return (cfg.policy_loss in ("ppo_clip", "gspo") and cfg.agg != "token_mean"
+          and not (cfg.kl_coef > 0 and not cfg.kl_in_reward) and cfg.divergence is None)
+
+
 def advantages(cfg: ObjectiveConfig, rewards):
   if cfg.advantage == "grpo":
     return grpo.group_advantages(rewards, eps=cfg.adv_eps, unbiased_std=cfg.unbiased_std)
