@@ -10,8 +10,9 @@ AdamW, non-finite guard). Its achieved FLOP/s (3 x the forward's matmul
 FLOPs over its time) is printed as a fraction of the float32 matmul rate
 measured in the same run (1024^3), and of the rate the update's own matmuls
 reach alone (the same dots at the same shapes with nothing in between: on a
-2-core CPU, hidden-256 matmuls run well below the square rate). Rewards: completions are decoded with the task
-tokenizer (ids modulo its vocabulary) and verified against a TSP instance,
+2-core CPU, hidden-256 matmuls run well below the square rate). Rewards:
+completions are decoded with the task tokenizer (ids modulo its vocabulary)
+and verified against a TSP instance,
 the host work a real step does. The update runs as one pass over the batch
 and, where the training default differs (rl.micro_batches = 0: on a CPU,
 one slice per prompt group for objectives that are means over sequences and
@@ -105,7 +106,7 @@ def main(argv=None):
   from dmpo_jax.objectives import presets
   from dmpo_jax.sampling import sampler as sampler_lib
   from dmpo_jax.tasks import rewards as rewards_lib
-  from dmpo_jax.train import make_optimizer
+  from dmpo_jax.train import auto_micro_batches, make_optimizer
   from sampler import DEFAULT_CONFIG, matmul_rate
 
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -154,8 +155,8 @@ def main(argv=None):
         f"measured matmul rate {rate / 1e9:.0f} GFLOP/s (1024^3)")
   for name in ("grpo", "dmpo"):
     obj = presets.objective_config(name)
-    # As train.micro_batches with rl.micro_batches = 0 (auto) on one device.
-    auto = P if jax.default_backend() == "cpu" and presets.slice_exact(obj) else 1
+    auto = auto_micro_batches(obj, P)  # the training default (rl.micro_batches = 0), one device
+    results = {}
     for mb in sorted({1, auto}):
       opt = make_optimizer(1e-5, 100, 1, 1.0)
       update = steps.make_rl_step(graphdef, obj, opt, LP, 1.0, micro_batches=mb)
@@ -171,16 +172,12 @@ def main(argv=None):
         own[rows] = matmuls_alone_rate(cfg, rows, LP + LT - 1, LT)
       total = sum(best)
       frac = flops / best[2] / rate
-      res = {"micro_batches": mb, "rollout_s": best[0], "reward_s": best[1], "update_s": best[2],
-             "update_gflops": flops / best[2] / 1e9, "update_fraction_of_matmul_rate": frac,
-             "own_matmuls_gflops": own[rows] / 1e9,
-             "update_fraction_of_own_matmuls": flops / best[2] / own[rows]}
-      label = "one pass" if mb == 1 else f"{mb} micro-batches"
-      if mb == auto:
-        out[name] = dict(res, **({"one_pass": out.pop(name)} if name in out else {}))
-        label += " (training default)"
-      else:
-        out[name] = res
+      results[mb] = {"micro_batches": mb, "rollout_s": best[0], "reward_s": best[1],
+                     "update_s": best[2], "update_gflops": flops / best[2] / 1e9,
+                     "update_fraction_of_matmul_rate": frac, "own_matmuls_gflops": own[rows] / 1e9,
+                     "update_fraction_of_own_matmuls": flops / best[2] / own[rows]}
+      label = ("one pass" if mb == 1 else f"{mb} micro-batches") + (
+          " (training default)" if mb == auto else "")
       print(f"  {name:5s} {label}")
       print(f"        rollout {best[0] * 1e3:7.1f} ms ({100 * best[0] / total:4.1f}%)  "
             f"reward {best[1] * 1e3:6.1f} ms ({100 * best[1] / total:4.1f}%)  "
@@ -188,6 +185,7 @@ def main(argv=None):
       print(f"        update {flops / best[2] / 1e9:6.1f} GFLOP/s = {100 * frac:.0f}% of the matmul rate "
             f"(target >= 50%); its matmuls alone at these shapes run at {own[rows] / 1e9:.0f} GFLOP/s "
             f"({100 * own[rows] / rate:.0f}%), the update at {100 * flops / best[2] / own[rows]:.0f}% of that")
+    out[name] = results[auto] if auto == 1 else dict(results[auto], one_pass=results[1])
   print(json.dumps(out))
 
 

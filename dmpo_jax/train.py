@@ -67,16 +67,19 @@ def objective_from_config(cfg) -> presets.ObjectiveConfig:
 
 
 def micro_batches(cfg, obj: presets.ObjectiveConfig, mesh) -> int:
-  """config.rl.micro_batches, with 0 (auto) resolved: on a CPU, one slice per prompt group
-  (as many as the mesh allows) when the objective is a mean over sequences and groups, so
-  that slicing changes nothing but summation order; 1 otherwise (and on GPU/TPU). Slices of
-  one group keep the update's matmuls cache-sized: about 1.4x faster on the 2-core CPU."""
-  if cfg.rl.micro_batches:
-    return cfg.rl.micro_batches
+  """config.rl.micro_batches, with 0 (auto) resolved by `auto_micro_batches`."""
+  return cfg.rl.micro_batches or auto_micro_batches(obj, cfg.rl.prompts_per_step,
+                                                    sharding.batch_rows(mesh))
+
+
+def auto_micro_batches(obj: presets.ObjectiveConfig, prompts: int, rows: int = 1) -> int:
+  """On a CPU, one slice per prompt group (as many as `rows` batch devices allow) when the
+  objective is a mean over sequences and groups, so that slicing changes nothing but
+  summation order; 1 otherwise (and on GPU/TPU). Slices of one group keep the update's
+  matmuls cache-sized: about 1.4x faster on the 2-core CPU."""
   if jax.default_backend() != "cpu" or not presets.slice_exact(obj):
     return 1
-  p, rows = cfg.rl.prompts_per_step, sharding.batch_rows(mesh)
-  return max(m for m in range(1, p + 1) if p % m == 0 and (p // m) % rows == 0)
+  return max(m for m in range(1, prompts + 1) if prompts % m == 0 and (prompts // m) % rows == 0)
 
 
 def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
@@ -100,8 +103,8 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
     raise ValueError(f"config.rl.rollout_chunks={chunks} must divide rl.prompts_per_step="
                      f"{cfg.rl.prompts_per_step}, and each piece's rows by the mesh's data x fsdp ({rows})")
   mb = cfg.rl.micro_batches
-  if mb < 0 or mb and (cfg.rl.prompts_per_step % mb or (cfg.rl.prompts_per_step // mb) % rows or (
-      obj.divergence is not None and cfg.dph.batch % mb)):
+  if mb < 0 or (mb > 0 and (cfg.rl.prompts_per_step % mb or (cfg.rl.prompts_per_step // mb) % rows or (
+      obj.divergence is not None and cfg.dph.batch % mb))):
     raise ValueError(f"config.rl.micro_batches={mb} must be 0 (auto) or divide rl.prompts_per_step="
                      f"{cfg.rl.prompts_per_step} (and dph.batch), leaving slices divisible by the "
                      f"mesh's data x fsdp size ({rows})")
