@@ -80,7 +80,6 @@ def test_tiny_matches_brute_force(key):
     assert multi >= 1, f"{key}: no tiny instance with >= 2 optima among the seeds checked"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("key", ["subset-sum", "set-cover", "maximum_clique_problem"])
 def test_easy_matches_brute_force(key):
   _check_against_brute_force(key, "easy", range(5))
