@@ -217,3 +217,13 @@ def test_bad_input_is_refused_clearly(monkeypatch):
   task.problem(q2)._optima.clear()
   with pytest.raises(AssertionError, match="verifies as"):
     task.optimal_solutions(q2)
+
+
+def test_optima_in_range_with_a_cut_enumeration():
+  task = tasks.get("hamiltonian-cycle")
+  q = task.generate(0, "easy")  # 212 Hamiltonian cycles
+  assert optima.optima_in_range(task, q, 2, limit=8) is None  # incomplete: refused by default
+  opt = optima.optima_in_range(task, q, 2, limit=8, require_complete=False)
+  assert opt is not None and len(opt) == 8 and not opt.complete
+  assert optima.optima_in_range(task, q, 2, 16, limit=8, require_complete=False) is None  # may exceed 16
+  assert optima.optima_in_range(task, q, 9, limit=8, require_complete=False) is None

@@ -430,21 +430,30 @@ def sample_optimal(task, instance: dict, n: int, *, seed: int = 0, limit: int = 
   return [answer_solution(task, c) for c in picks]
 
 
+def optima_in_range(task, instance: dict, min_count: int = 2, max_count: int | None = None, *,
+                    limit: int = 64, time_limit: float = 10.0,
+                    require_complete: bool = True) -> Optima | None:
+  """The instance's Optima when it has min_count..max_count optima, else None.
+
+  An incomplete enumeration (limit or time hit) proves only len(solutions) optima: it
+  passes when that meets min_count and there is no max_count, unless require_complete.
+  """
+  opt = optimal_solutions(task, instance, limit=limit, time_limit=time_limit)
+  n = len(opt.solutions)
+  if require_complete and not opt.complete:
+    return None
+  if n < min_count or (max_count is not None and (n > max_count or not opt.complete)):
+    return None
+  return opt
+
+
 def instances_with_optima(task, level: str, seeds: Sequence[int], *, min_count: int = 2,
                           max_count: int | None = None, limit: int = 64, time_limit: float = 10.0,
                           require_complete: bool = True) -> Iterator[tuple[int, dict, Optima]]:
-  """(seed, instance, optima) for the seeds whose instance has min_count..max_count optima.
-
-  An incomplete enumeration (limit or time hit) has at least len(solutions) optima: it
-  passes when that already meets min_count and there is no max_count, unless
-  require_complete.
-  """
+  """(seed, instance, optima) for the seeds whose instance passes optima_in_range."""
   for seed in seeds:
     q = task.generate(seed, level)
-    opt = optimal_solutions(task, q, limit=limit, time_limit=time_limit)
-    if require_complete and not opt.complete:
-      continue
-    n = len(opt.solutions)
-    if n < min_count or (max_count is not None and (n > max_count or not opt.complete)):
-      continue
-    yield seed, q, opt
+    opt = optima_in_range(task, q, min_count, max_count, limit=limit, time_limit=time_limit,
+                          require_complete=require_complete)
+    if opt is not None:
+      yield seed, q, opt
