@@ -227,3 +227,21 @@ def test_optima_in_range_with_a_cut_enumeration():
   assert opt is not None and len(opt) == 8 and not opt.complete
   assert optima.optima_in_range(task, q, 2, 16, limit=8, require_complete=False) is None  # may exceed 16
   assert optima.optima_in_range(task, q, 9, limit=8, require_complete=False) is None
+
+
+def test_optimal_sft_targets_survive_the_task_tokenizer():
+  """What the SFT hook would train on decodes to an optimal answer of the instance."""
+  import numpy as np
+  from dmpo_jax import pipeline
+  from dmpo_jax.models import tokenizer as tok_lib
+  enc = pipeline.PromptEncoder(tok_lib.build(), "compact", 160)
+  for key in optima.supported():
+    task = tasks.get(key)
+    for seed in range(3):
+      q = task.generate(seed, "tiny")
+      opt = task.optimal_solutions(q)
+      for sol in task.sample_optimal_solutions(q, 4, seed=seed):
+        ids = enc.answer_ids(key, sol)
+        text = enc.texts(np.array([ids]), np.ones((1, len(ids)), bool))[0]
+        v = task.verify(q, text)
+        assert v.feasible and v.solution in opt.solutions and v.value == opt.value, (key, text)
