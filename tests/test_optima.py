@@ -245,3 +245,9 @@ def test_optimal_sft_targets_survive_the_task_tokenizer():
         text = enc.texts(np.array([ids]), np.ones((1, len(ids)), bool))[0]
         v = task.verify(q, text)
         assert v.feasible and v.solution in opt.solutions and v.value == opt.value, (key, text)
+
+
+def test_a_complete_result_is_reused_for_larger_limits(monkeypatch):
+  task, q, full = _instance_with("maximum-set", "easy", 2)
+  monkeypatch.setitem(optima._ENUMERATORS, "maximum-set", (None, None))  # would fail if called
+  assert task.optimal_solutions(q, limit=10**4, time_limit=1.0) is full

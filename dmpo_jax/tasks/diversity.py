@@ -37,7 +37,8 @@ from dmpo_jax.tasks.scoring import pass_at_k
 DEFAULT_KS = tuple(range(1, 65))
 
 
-def optimal_mask(values: Sequence[float | None], optimum: float | None, *, rel_tol: float = 1e-9) -> np.ndarray:
+def optimal_mask(values: Sequence[float | None], optimum: float | None, *,
+                 rel_tol: float = 1e-9) -> np.ndarray:
   """Which samples reach the optimum (value None = infeasible; optimum None = unknown -> none)."""
   out = np.zeros(len(values), dtype=bool)
   if optimum is None:

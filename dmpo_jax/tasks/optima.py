@@ -38,6 +38,8 @@ import time
 from typing import Callable, Iterator, Sequence
 
 from dmpo_jax.tasks.common import cp_model
+from dmpo_jax.tasks.planning import canonical_cycle
+from dmpo_jax.tasks.selection import _best_count_subset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,8 +148,7 @@ def _cpsat_task(build, sense, fix_obj, read, limit, deadline, value_of=float):
 
 
 def _cycle_canon(succ: dict) -> tuple:
-  """Canonical cycle (as planning.canonical_cycle) from a successor map of one cycle."""
-  from dmpo_jax.tasks.planning import canonical_cycle
+  """Canonical cycle (as the verifier's) from a successor map of one cycle."""
   start = min(succ)
   path = [start]
   while succ[path[-1]] != start:
@@ -177,7 +178,8 @@ def _successors(val, lits) -> dict:
 # Per-task enumerators: (task, problem, limit, deadline) -> (solutions, complete, value, reason).
 
 def _subset_sum(task, p, limit, deadline):
-  from dmpo_jax.tasks.selection import _best_count_subset
+  if any(v < 0 for v in p.values.values()):
+    return [], False, None, "negative numbers (the DP assumes values >= 0)"
   best = _best_count_subset(p.values, p.target)
   if best is None:
     return [], True, None, ""
@@ -398,6 +400,9 @@ def optimal_solutions(task, instance: dict, *, limit: int = 64, time_limit: floa
   memo = problem.__dict__.setdefault("_optima", {})
   if (limit, time_limit) in memo:
     return memo[(limit, time_limit)]
+  for hit in memo.values():  # a complete list serves every limit that it fits
+    if hit.complete and len(hit.solutions) <= limit:
+      return hit
   t0 = time.monotonic()
   sols, complete, value, reason = enumerate_fn(task, problem, limit, t0 + time_limit)
   sols = sorted(set(sols))
