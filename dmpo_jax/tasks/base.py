@@ -245,6 +245,23 @@ class Task:
       raise ValueError(f"render size must be an int >= 128, got {size!r}")
     return self._render(self.problem(instance), size)
 
+  # ---- every optimum (the mode-collapse testbed; code in tasks/optima.py) ----
+  def optimal_solutions(self, instance: dict, *, limit: int = 64, time_limit: float = 10.0):
+    """All optimal solutions as canonical forms (an optima.Optima: .solutions, .complete)."""
+    from dmpo_jax.tasks import optima
+    return optima.optimal_solutions(self, instance, limit=limit, time_limit=time_limit)
+
+  def format_solution(self, canonical) -> str:
+    """Answer text (after 'Answer:') whose strict Verdict.solution is `canonical` again."""
+    from dmpo_jax.tasks import optima
+    return optima.format_solution(self, canonical)
+
+  def sample_optimal_solutions(self, instance: dict, n: int, *, seed: int = 0, limit: int = 64,
+                               time_limit: float = 10.0) -> list:
+    """n optimal solutions drawn uniformly from the enumerated set (SFT targets)."""
+    from dmpo_jax.tasks import optima
+    return optima.sample_optimal(self, instance, n, seed=seed, limit=limit, time_limit=time_limit)
+
 
 def int_keys(d: dict) -> dict:
   """JSON dicts have string keys; NP-Bench's in-memory ones may have ints."""

@@ -1,0 +1,66 @@
+"""DRAFT: the mode-collapse testbed (docs/COLLAPSE.md). Instances with several optimal
+solutions, an SFT start that is competent and diverse, then RL at group size 8 or 16.
+
+    python -m dmpo_jax.train --config=configs/collapse.py --workdir=runs/collapse
+    python -m dmpo_jax.train --config=configs/collapse.py:algo=grpo,group=16,seed=3 --workdir=...
+    python -m dmpo_jax.train --config=configs/collapse.py:tasks=maximum-set+GCP-D,level=tiny ...
+
+Arguments after the colon (comma-separated): `algo=<preset>`, `level=<level>`,
+`seed=<int>`, `tasks=<key+key+...>`, `group=<8|16>`, and `smoke`. Everything
+else is configs/nphard.py's default run.
+
+Not yet wired (the trainer ignores these fields until it reads them; see
+docs/COLLAPSE.md, "Hooks"): `sft.targets`, `collapse.*`. Until then this config
+trains like configs/nphard.py on the chosen tasks, group sizes and eval sizes.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import nphard  # noqa: E402
+from ml_collections import config_dict  # noqa: E402
+
+# Tasks whose `tiny` instances have >= 2 optima most often (docs/COLLAPSE.md, 50 instances each):
+# GCP-D 72%, maximum-set 56%, maximum_clique_problem 54%, subset-sum 36%.
+DEFAULT_TASKS = "GCP-D+maximum-set+maximum_clique_problem+subset-sum"
+KNOWN = {"algo", "level", "seed", "tasks", "group", "smoke"}
+
+
+def _parse(arg: str | None) -> dict:
+  out = {}
+  for part in filter(None, (arg or "").split(",")):
+    k, eq, v = part.partition("=")
+    out[k.strip()] = v.strip() if eq else True
+  unknown = set(out) - KNOWN
+  if unknown:
+    raise ValueError(f"configs/collapse.py: unknown argument(s) {sorted(unknown)}; valid: {sorted(KNOWN)}")
+  return out
+
+
+def get_config(arg: str | None = None):
+  opts = _parse(arg)
+  passed = ",".join(f"{k}={opts[k]}" for k in ("algo", "level", "seed") if k in opts)
+  c = nphard.get_config(passed + (",smoke" if opts.get("smoke") else ""))
+  c.tasks = str(opts.get("tasks", DEFAULT_TASKS)).replace("+", ",")
+  group = int(opts.get("group", 8))
+  if group not in (8, 16):
+    raise ValueError(f"configs/collapse.py: group={group}; the testbed runs group sizes 8 and 16")
+  c.rl.group_size = group if not opts.get("smoke") else 4
+  # SFT targets: "optimal" = drawn uniformly from the enumerated optimal set
+  # (Task.sample_optimal_solutions); "sampled" = Task.sample_solutions (varied quality).
+  c.sft.targets = "optimal"
+  c.collapse = config_dict.ConfigDict(dict(
+      limit=64,             # distinct optima enumerated per instance (Task.optimal_solutions)
+      time_limit=10.0,      # seconds per enumeration
+      min_optima=2,         # training and eval instances: keep those with min..max optima
+      max_optima=16,        # (complete enumerations only; optima.optima_in_range)
+      keep_k=8,             # DPH-RL's keep / exploration split: base pass@8
+      correct=("feasible", "optimal"),  # pass@k / keep / exploration reported for both
+  ))
+  # pass@k and QR@k for k = 1..64 need >= 64 samples per held-out instance.
+  c.eval.update(num_per_task=12, samples=64, pass_ks=(1, 2, 4, 8, 16, 32, 64), batch_prompts=24)
+  if opts.get("smoke"):
+    c.collapse.update(limit=16, time_limit=2.0)
+    c.eval.update(num_per_task=1, samples=8, pass_ks=(1, 8), batch_prompts=8)
+  return c

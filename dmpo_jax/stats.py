@@ -1,0 +1,111 @@
+"""Seed-paired statistics for comparing training presets.
+
+Each preset is run on the same seeds (same SFT start, same prompt stream per
+seed), so the right comparison is paired: the per-seed difference against a
+baseline, whose spread is far smaller than that of either preset alone.
+
+    iv = stats.mean_ci([0.41, 0.44, 0.39, 0.47, 0.42])      # Interval(mean, low, high, n, std)
+    d = stats.paired_difference({0: .5, 1: .6, ...}, {0: .4, 1: .55, ...})
+    table = stats.compare({"grpo": {0: .4, ...}, "dmpo": {0: .5, ...}}, baseline="grpo")
+
+Intervals are two-sided Student-t intervals, mean +- t_{(1+c)/2, n-1} s / sqrt(n)
+with s the sample standard deviation (n - 1 in the denominator). Use at
+least five seeds: with fewer, t's heavy tails make the interval wide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+  """A mean and its confidence interval over n seeds (std: sample std, n - 1)."""
+  mean: float
+  low: float
+  high: float
+  n: int
+  std: float
+  confidence: float = 0.95
+
+  @property
+  def half_width(self) -> float:
+    return (self.high - self.low) / 2
+
+  def excludes_zero(self) -> bool:
+    return self.low > 0 or self.high < 0
+
+  def __str__(self):
+    return f"{self.mean:.3f} ± {self.half_width:.3f} (n={self.n})"
+
+
+def t_quantile(p: float, df: int) -> float:
+  """The p-quantile of Student's t with df degrees of freedom."""
+  from scipy import stats as scipy_stats  # a dependency of jax
+  if not 0 < p < 1 or df < 1:
+    raise ValueError(f"t_quantile needs 0 < p < 1 and df >= 1, got p={p} df={df}")
+  return float(scipy_stats.t.ppf(p, df))
+
+
+def _values(values, what: str) -> np.ndarray:
+  x = np.asarray(list(values.values()) if isinstance(values, Mapping) else list(values), dtype=float)
+  if x.ndim != 1:
+    raise ValueError(f"{what}: expected one number per seed, got shape {x.shape}")
+  if not np.all(np.isfinite(x)):
+    raise ValueError(f"{what}: non-finite values {x[~np.isfinite(x)].tolist()} (a failed run?)")
+  return x
+
+
+def mean_ci(values: Sequence[float] | Mapping, confidence: float = 0.95, *, what: str = "values") -> Interval:
+  """Mean over seeds with its two-sided Student-t confidence interval (n >= 2)."""
+  if not 0 < confidence < 1:
+    raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+  x = _values(values, what)
+  n = len(x)
+  if n < 2:
+    raise ValueError(f"{what}: a confidence interval needs >= 2 seeds, got {n}")
+  mean, std = float(x.mean()), float(x.std(ddof=1))
+  half = t_quantile((1 + confidence) / 2, n - 1) * std / math.sqrt(n)
+  return Interval(mean, mean - half, mean + half, n, std, confidence)
+
+
+def paired_difference(values: Sequence[float] | Mapping, baseline: Sequence[float] | Mapping,
+                      confidence: float = 0.95, *, what: str = "values") -> Interval:
+  """Mean of (values - baseline) seed by seed, with its t interval.
+
+  Mappings are paired by seed (both must hold the same seeds); sequences by position.
+  """
+  if isinstance(values, Mapping) != isinstance(baseline, Mapping):
+    raise TypeError(f"{what}: pass both as {{seed: value}} mappings or both as sequences")
+  if isinstance(values, Mapping):
+    if set(values) != set(baseline):
+      raise ValueError(f"{what}: seeds differ from the baseline's: only in values "
+                       f"{sorted(set(values) - set(baseline))}, only in baseline "
+                       f"{sorted(set(baseline) - set(values))}")
+    seeds = sorted(values)
+    values, baseline = [values[s] for s in seeds], [baseline[s] for s in seeds]
+  a, b = _values(values, what), _values(baseline, f"{what} (baseline)")
+  if a.shape != b.shape:
+    raise ValueError(f"{what}: {len(a)} values but {len(b)} baseline values; pair them by seed")
+  return mean_ci(a - b, confidence, what=f"{what} - baseline")
+
+
+def compare(results: Mapping[str, Mapping], baseline: str, confidence: float = 0.95) -> dict:
+  """{name: {"mean": Interval, "diff": Interval vs baseline (None for the baseline)}}.
+
+  results: {preset name: {seed: value}}, one metric.
+  """
+  if baseline not in results:
+    raise KeyError(f"baseline {baseline!r} not among the results {sorted(results)}")
+  out = {}
+  for name, by_seed in results.items():
+    out[name] = {
+        "mean": mean_ci(by_seed, confidence, what=name),
+        "diff": None if name == baseline else paired_difference(by_seed, results[baseline], confidence,
+                                                                what=f"{name} vs {baseline}"),
+    }
+  return out
