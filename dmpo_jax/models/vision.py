@@ -40,10 +40,11 @@ _NORM_EPS = 1e-6  # fixed in the architecture (not a config field)
 
 @dataclasses.dataclass(frozen=True)
 class VisionConfig:
-  """Shapes of the Qwen2.5-VL vision tower (HF `vision_config` field names)."""
+  """Shapes of the Qwen2.5-VL vision tower: HF `vision_config` field names, and HF's
+  defaults (which fill the fields a checkpoint's config.json leaves out)."""
 
   depth: int = 32
-  hidden_size: int = 1280  # D
+  hidden_size: int = 3584  # D (the released checkpoints set 1280)
   intermediate_size: int = 3420  # F
   num_heads: int = 16  # N
   in_channels: int = 3
@@ -318,15 +319,18 @@ class VisionTower(nnx.Module):
 
 # --- checkpoints --------------------------------------------------------------------------------
 
-# Fields of a Qwen2.5-VL `vision_config` that change nothing the tower computes on images.
+# Fields of a Qwen2.5-VL `vision_config` that change nothing the tower computes on images
+# (or are checked on their own).
 _INERT = {"model_type", "initializer_range", "tokens_per_second", "torch_dtype", "dtype",
-          "_name_or_path", "architectures", "transformers_version", "hidden_act", "in_chans",
-          "spatial_patch_size", "rope_parameters", "rope_scaling", "num_hidden_layers",
-          "num_attention_heads", "attn_implementation", "_attn_implementation_autoset",
+          "_name_or_path", "architectures", "transformers_version", "hidden_act",
+          "rope_parameters", "rope_scaling", "attn_implementation", "_attn_implementation_autoset",
           "output_attentions", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
           "is_encoder_decoder", "id2label", "label2id", "problem_type", "tie_word_embeddings",
           "use_return_dict"}
 _VISION_TYPES = ("qwen2_5_vl", "qwen2_5_vl_vision")
+# Other names of our fields: older released configs, and HF's attribute_map.
+_ALIASES = {"in_chans": "in_channels", "spatial_patch_size": "patch_size",
+            "num_hidden_layers": "depth", "num_attention_heads": "num_heads"}
 
 
 def vision_config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32",
@@ -349,12 +353,12 @@ def vision_config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32",
     raise CheckpointError(f"{field('rope_parameters')}: rope_type "
                           f"{rope.get('rope_type', rope.get('type'))!r} is not implemented")
   names = {f.name for f in dataclasses.fields(VisionConfig)} - {"dtype", "param_dtype"}
-  unknown = sorted(set(vc) - names - _INERT)
+  unknown = sorted(set(vc) - names - _INERT - set(_ALIASES))
   if unknown:
     raise CheckpointError(f"{field(unknown[0])} is not implemented by the vision tower "
                           f"(unknown vision_config field(s): {', '.join(unknown)})")
   kw = {k: vc[k] for k in names if k in vc and k != "rope_theta"}
-  for alias, name in (("in_chans", "in_channels"), ("spatial_patch_size", "patch_size")):
+  for alias, name in _ALIASES.items():
     if alias in vc:
       if name in vc and vc[name] != vc[alias]:
         raise CheckpointError(f"{field(alias)}={vc[alias]!r} disagrees with "
