@@ -258,6 +258,30 @@ def test_layout_refuses_bad_grids_and_budgets():
     vision.vision_layout([[1, 4, 4], [1, 5, 4]], cfg)
 
 
+@pytest.mark.parametrize("grids", [[[1, 4, 6], [1, 8, 8]], [[2, 6, 10], [1, 2, 2], [3, 8, 4]]])
+def test_layout_matches_transformers_indices(grids):
+  """Window order, window and frame boundaries and rotary positions equal transformers' own
+  (incl. frames t > 1 and grids that windows divide exactly or not)."""
+  import torch
+  from transformers import vision_utils as vu
+
+  cfg = vision.VisionConfig(depth=1, hidden_size=16, intermediate_size=16, num_heads=2,
+                            window_size=56, out_hidden_size=8, fullatt_block_indexes=())
+  g = torch.tensor(grids)
+  n = vision.num_patches(grids)
+  layout = vision.vision_layout(grids, cfg, n + 8)
+  window_index, cu_windows = vu.get_vision_window_index(g, 2, 56, 14)
+  np.testing.assert_array_equal(layout["restore"][:n // 4], np.argsort(window_index.numpy()))
+  np.testing.assert_array_equal(layout["order"][:n].reshape(-1, 4)[:, 0] // 4, window_index.numpy())
+  starts = lambda seg: np.flatnonzero(np.diff(np.concatenate([[-2], seg[:n]])))
+  np.testing.assert_array_equal(starts(layout["window_seg"]), cu_windows.numpy()[:-1])
+  np.testing.assert_array_equal(starts(layout["full_seg"]),
+                                vu.get_vision_cu_seqlens(g).numpy()[:-1])
+  positions = vu.get_vision_position_ids(g, 2).numpy()
+  np.testing.assert_array_equal(layout["positions"][:n], positions[layout["order"][:n]])
+  assert (layout["window_seg"][n:] == -1).all() and not layout["valid"][n // 4:].any()
+
+
 def _mm_batch():
   """Two left-padded text-image-text prompts of different lengths (the second with two
   images) and a text-only prompt; the images of GRIDS plus a 2 x 2-merged one."""
@@ -384,3 +408,7 @@ def test_processor_feeds_the_tower(f32_tower, tmp_path):
     os.remove(os.path.join(no_tok, f))
   with pytest.raises(CheckpointError, match="no tokenizer file"):
     VLProcessor.from_folder(no_tok)
+  with open(os.path.join(folder, "config.json"), "w") as f:
+    json.dump({"image_token_id": pad + 1}, f)
+  with pytest.raises(CheckpointError, match=f"image_token_id={pad + 1}"):
+    VLProcessor.from_folder(folder)

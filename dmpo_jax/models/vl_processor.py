@@ -30,12 +30,12 @@ def image_processor_class():
   importable, else the PIL backend (imported directly, without the fallback warning)."""
   try:
     import torchvision  # noqa: F401
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    return Qwen2VLImageProcessor
   except ImportError:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil)
     return Qwen2VLImageProcessorPil
-  from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-  return Qwen2VLImageProcessor
 
 
 def build_image_processor(vision_cfg, *, min_pixels: int, max_pixels: int):
