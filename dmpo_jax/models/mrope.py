@@ -73,7 +73,8 @@ def rope_index(input_ids, image_grid_thw=None, *, image_token_id: int, spatial_m
   ids = np.asarray(input_ids)
   if ids.ndim != 2:
     raise ValueError(f"input_ids must be [B, L], got shape {ids.shape}")
-  mask = np.ones_like(ids, bool) if attention_mask is None else np.asarray(attention_mask).astype(bool)
+  mask = (np.ones_like(ids, bool) if attention_mask is None
+          else np.asarray(attention_mask).astype(bool))
   if mask.shape != ids.shape:
     raise ValueError(f"attention_mask shape {mask.shape} differs from input_ids shape {ids.shape}")
   grid_list = [] if image_grid_thw is None else np.asarray(image_grid_thw).reshape(-1, 3)

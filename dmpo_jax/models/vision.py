@@ -74,7 +74,8 @@ class VisionConfig:
                        "be a multiple of 4 for the 2-D rotary embedding")
     if self.window_size // self.spatial_merge_size // self.patch_size < 1:
       raise ValueError(f"VisionConfig.window_size ({self.window_size}) must be at least "
-                       f"spatial_merge_size * patch_size ({self.spatial_merge_size * self.patch_size})")
+                       f"spatial_merge_size * patch_size "
+                       f"({self.spatial_merge_size * self.patch_size})")
     bad = [i for i in self.fullatt_block_indexes if not 0 <= i < self.depth]
     if bad:
       raise ValueError(f"VisionConfig.fullatt_block_indexes {bad} outside 0..{self.depth - 1}")
@@ -368,9 +369,10 @@ def vision_config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32",
     if name in kw and not isinstance(kw[name], int):
       raise CheckpointError(f"{field(name)}={kw[name]!r}: only a single int is implemented")
   text = hf.get("text_config") if isinstance(hf.get("text_config"), Mapping) else hf
-  if "out_hidden_size" in kw and "hidden_size" in text and kw["out_hidden_size"] != text["hidden_size"]:
-    raise CheckpointError(f"{field('out_hidden_size')}={kw['out_hidden_size']} differs from the "
-                          f"language model's hidden_size={text['hidden_size']}")
+  out, width = kw.get("out_hidden_size"), text.get("hidden_size")
+  if out is not None and width is not None and out != width:
+    raise CheckpointError(f"{field('out_hidden_size')}={out} differs from the language "
+                          f"model's hidden_size={width}")
   kw["rope_theta"] = float(rope.get("rope_theta", 10000.0))
   try:
     return VisionConfig(**kw, dtype=dtype, param_dtype=param_dtype or dtype)
@@ -462,7 +464,8 @@ def load_vision_params(tensors: Mapping[str, Any], cfg: VisionConfig) -> VisionT
   return nnx.merge(graphdef, state)
 
 
-def load_vision(path: str, *, dtype: str = "float32", param_dtype: str | None = None) -> VisionTower:
+def load_vision(path: str, *, dtype: str = "float32",
+                param_dtype: str | None = None) -> VisionTower:
   """The vision tower of a local Qwen2.5-VL folder (config.json + safetensors, either layout)."""
   import json
   import os

@@ -100,7 +100,8 @@ class VLProcessor:
   def check_vision_config(self, vision_cfg) -> None:
     """Refuse a vision config whose patch geometry differs from the image processor's."""
     ip = self.image_processor
-    for ours, theirs in (("patch_size", "patch_size"), ("temporal_patch_size", "temporal_patch_size"),
+    for ours, theirs in (("patch_size", "patch_size"),
+                         ("temporal_patch_size", "temporal_patch_size"),
                          ("spatial_merge_size", "merge_size")):
       if getattr(vision_cfg, ours) != getattr(ip, theirs):
         raise ValueError(f"vision_config.{ours}={getattr(vision_cfg, ours)} differs from the "
