@@ -19,7 +19,7 @@ import random
 import time
 from typing import Any, Hashable
 
-from dmpo_jax.tasks import parsing
+from dmpo_jax.tasks import npbench_rules, parsing
 
 LEVELS = ("tiny", "easy", "medium", "hard", "bench")
 CATEGORIES = ("graph", "schedule", "partition", "selection", "planning")
@@ -138,16 +138,37 @@ class Task:
     return self.generate_with_solution(seed, level)[0]
 
   def verify(self, instance: dict, text: str, *, compat: str = "strict") -> Verdict:
-    """Score a full model response: the answer is the text after the last 'Answer:'."""
+    """Score a full model response.
+
+    strict: the answer is the text after the last 'Answer:', read by parsing.py.
+    npbench: NP-Bench's own per-task rules on the whole response (npbench_rules.py).
+    """
+    if compat == "npbench":
+      return self._npbench_verdict(instance, text)
     answer = parsing.extract_answer(text)
     if answer is None:
       return Verdict(False, None, "no 'Answer:' in the response")
     return self.verify_answer(instance, answer, compat=compat)
 
+  def _npbench_verdict(self, instance: dict, text: str) -> Verdict:
+    """NP-Bench's verdict and value; the canonical solution is strict mode's when strict
+    mode reads the same answer, else the parsed answer itself."""
+    self.problem(instance)  # a malformed instance is our error, not a refusal
+    try:
+      value, parsed = npbench_rules.check(self.key, instance, text)
+    except npbench_rules.Refused as e:
+      return Verdict(False, None, f"refused by NP-Bench's rules: {e}",
+                     well_formed=isinstance(text, str) and npbench_rules.MARKER in text)
+    strict = self.verify(instance, text)
+    canon = strict.solution if strict.feasible else ("npbench", repr(parsed))
+    return Verdict(True, float(value), "ok", canon, well_formed=True)
+
   def verify_answer(self, instance: dict, answer: str, *, compat: str = "strict") -> Verdict:
     """Score the answer body (the text after 'Answer:')."""
     if compat not in COMPAT:
       raise ValueError(f"unknown compat {compat!r}; choose from {COMPAT}")
+    if compat == "npbench":
+      return self._npbench_verdict(instance, parsing.MARKER + " " + answer)
     problem = self.problem(instance)
     try:
       parsed = self._parse(answer)
