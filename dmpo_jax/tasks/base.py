@@ -83,8 +83,9 @@ class Task:
   def _parse(self, answer: str):
     return parsing.parse_int_list(answer)
 
-  def _check(self, problem, parsed, compat: str) -> tuple[float, Hashable]:
-    """Return (value, canonical solution) or raise Infeasible(reason)."""
+  def _check(self, problem, parsed) -> tuple[float, Hashable]:
+    """Strict mode's check: (value, canonical solution) or raise Infeasible(reason).
+    NP-Bench's own rules (compat="npbench") are in npbench_rules.py."""
     raise NotImplementedError
 
   def _reference(self, problem, rng: random.Random, deadline: float):
@@ -177,7 +178,7 @@ class Task:
     except RecursionError:
       return Verdict(False, None, "malformed answer: nested too deeply")
     try:
-      value, canon = self._check(problem, parsed, compat)
+      value, canon = self._check(problem, parsed)
     except Infeasible as e:
       return Verdict(False, None, str(e), well_formed=True)
     return Verdict(True, float(value), "ok", canon, well_formed=True)

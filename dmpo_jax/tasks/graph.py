@@ -14,11 +14,11 @@ def _edges_text(p) -> str:
   return " ".join(f"{u}-{v}" for u, v in p.edges)
 
 
-def _check_vertices(p, verts, allow_repeats: bool):
+def _check_vertices(p, verts):
   for v in verts:
     if not 0 <= v < p.n:
       raise Infeasible(f"vertex {v} does not exist (nodes are 0..{p.n - 1})")
-  if not allow_repeats and len(set(verts)) != len(verts):
+  if len(set(verts)) != len(verts):
     dup = next(v for v in verts if verts.count(v) > 1)
     raise Infeasible(f"vertex {dup} repeated")
 
@@ -49,7 +49,7 @@ class GraphColoring(Task):
   def _load(self, q):
     return load_graph(q)
 
-  def _check(self, p, col, compat):
+  def _check(self, p, col):
     if len(col) != p.n:
       raise Infeasible(f"expected {p.n} colours (one per vertex), got {len(col)}")
     for i, c in enumerate(col):
@@ -172,9 +172,8 @@ class _SetInGraph(Task):
   def _ok(self, p, u, v) -> bool:
     return (v not in p.adj[u]) if self.independent else (v in p.adj[u])
 
-  def _check(self, p, verts, compat):
-    allow = self.independent and compat == "npbench"  # NP-Bench's MIS check ignores repeats
-    _check_vertices(p, verts, allow_repeats=allow)
+  def _check(self, p, verts):
+    _check_vertices(p, verts)
     distinct = sorted(set(verts))
     for i, u in enumerate(distinct):
       for v in distinct[i + 1:]:

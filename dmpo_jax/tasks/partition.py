@@ -77,7 +77,7 @@ class MinimumBisection(Task):
     inside = set(a)
     return sum(p.w[u][v] for u in inside for v in range(p.n) if v not in inside)
 
-  def _check(self, p, groups, compat):
+  def _check(self, p, groups):
     a, b = groups
     for v in a + b:
       if not 0 <= v < p.n:

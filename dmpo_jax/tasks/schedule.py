@@ -94,8 +94,7 @@ class MeetingSchedule(Task):
   def _available(self, p, a, s, e):
     return any(lo <= s and e <= hi for lo, hi in p.avail.get(a, ()))
 
-  def _check(self, p, sched, compat):
-    strict = compat == "strict"
+  def _check(self, p, sched):
     seen, by_room, by_att = set(), {}, {}
     value = 0
     for m, r, s in sched:
@@ -105,7 +104,7 @@ class MeetingSchedule(Task):
         raise Infeasible(f"room {r} does not exist")
       att, dur = p.meetings[m]
       e = s + dur
-      if strict and m in seen:
+      if m in seen:
         raise Infeasible(f"meeting {m} scheduled more than once")
       seen.add(m)
       if p.rooms[r] < len(att):
@@ -117,12 +116,11 @@ class MeetingSchedule(Task):
         if s < e2 and s2 < e:
           raise Infeasible(f"meetings {m2} and {m} overlap in room {r}")
       by_room.setdefault(r, []).append((m, s, e))
-      if strict:
-        for a in att:
-          for (m2, s2, e2) in by_att.get(a, ()):
-            if s < e2 and s2 < e:
-              raise Infeasible(f"attendee {a} is in meetings {m2} and {m} at once")
-          by_att.setdefault(a, []).append((m, s, e))
+      for a in att:
+        for (m2, s2, e2) in by_att.get(a, ()):
+          if s < e2 and s2 < e:
+            raise Infeasible(f"attendee {a} is in meetings {m2} and {m} at once")
+        by_att.setdefault(a, []).append((m, s, e))
       value += len(att)
     return value, tuple(sorted(sched))
 

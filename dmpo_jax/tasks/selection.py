@@ -11,11 +11,11 @@ from dmpo_jax.tasks.base import Exact, Infeasible, Task
 from dmpo_jax.tasks.common import Problem, cp_model, solve, uniform
 
 
-def _distinct_ids(ids, valid, what, allow_repeats=False):
+def _distinct_ids(ids, valid, what):
   for i in ids:
     if i not in valid:
       raise Infeasible(f"{what} {i} does not exist")
-  if not allow_repeats and len(set(ids)) != len(ids):
+  if len(set(ids)) != len(ids):
     dup = next(i for i in ids if ids.count(i) > 1)
     raise Infeasible(f"{what} {dup} repeated")
 
@@ -68,7 +68,7 @@ class SetCover(Task):
   def format_answer(self, solution):
     return "Impossible" if solution == "Impossible" else super().format_answer(solution)
 
-  def _check(self, p, ids, compat):
+  def _check(self, p, ids):
     if ids == "Impossible":
       if p.coverable:
         raise Infeasible("answered Impossible, but the subsets cover U")
@@ -210,8 +210,8 @@ class SubsetSum(Task):
   def _load(self, q):
     return Problem(target=int(q["target"]), values={int(k): int(v) for k, v in q["numbers"].items()})
 
-  def _check(self, p, ids, compat):
-    _distinct_ids(ids, p.values, "index", allow_repeats=compat == "npbench")
+  def _check(self, p, ids):
+    _distinct_ids(ids, p.values, "index")
     if not ids:
       raise Infeasible("empty selection")
     total = sum(p.values[i] for i in ids)
@@ -298,7 +298,9 @@ class Knapsack(Task):
       raise ValueError("negative weight")
     return Problem(capacity=int(q["capacity"]), items=items)
 
-  def _check(self, p, ids, compat):
+  def _check(self, p, ids):
+    if not ids:  # NP-Bench refuses it too: choosing nothing is not a solution
+      raise Infeasible("no item chosen")
     _distinct_ids(ids, p.items, "item")
     weight = sum(p.items[i][0] for i in ids)
     if weight > p.capacity:
