@@ -119,10 +119,14 @@ def npbench_keys(records: Iterable[dict]) -> list[str]:
 
 
 def write_npbench(records: Iterable[dict], path: str) -> int:
-  """Write records as NP_Bench.json does: one object keyed ``<task>_<level>_question<N>``."""
+  """Write records as NP_Bench.json does: one object keyed ``<task>_<level>_question<N>``.
+  ``key``, and ``level`` where the key says it, are not repeated inside the record (so an
+  NP_Bench.json read and written again is the same file)."""
   records = list(records)
   keys = npbench_keys(records)
-  obj = {k: {f: v for f, v in r.items() if f != "key"} for k, r in zip(keys, records)}
+  obj = {k: {f: v for f, v in r.items()
+             if f != "key" and not (f == "level" and v == level_of_key(k))}
+         for k, r in zip(keys, records)}
   _atomic_write(path, lambda f: json.dump(obj, f, indent=1))
   return len(obj)
 
