@@ -6,6 +6,8 @@ import math
 import random
 import time
 
+import numpy as np
+
 from dmpo_jax.tasks import parsing, render
 from dmpo_jax.tasks.base import Exact, Infeasible, Task
 from dmpo_jax.tasks.common import Problem, cp_model, solve, uniform
@@ -250,21 +252,51 @@ class SubsetSum(Task):
 
 # ---------------------------------------------------------------------------
 def _knapsack_dp(items: dict, capacity: int, allowed=None):
+  """Exact 0/1 knapsack over the ids ``allowed`` (default all): a DP over capacities,
+  vectorised per item (NP-Bench's weights reach the thousands), or, when that table is
+  large (over 2M cells) and a table over total values is smaller, a DP over values. Ties go to the same solution as the plain DP over capacities."""
   ids = sorted(items) if allowed is None else sorted(allowed)
-  rows = [[0] * (capacity + 1)]
-  for i in ids:
+  total_value = sum(items[i][1] for i in ids)
+  if len(ids) * (capacity + 1) > 2_000_000 and total_value < capacity and \
+      all(items[i][1] >= 0 for i in ids):
+    return _knapsack_by_value(items, capacity, ids)
+  best = np.zeros(capacity + 1, np.int64)
+  take = np.zeros((len(ids), capacity + 1), bool)  # [items, capacity + 1]
+  for k, i in enumerate(ids):
     w, v = items[i]
-    prev = rows[-1]
-    row = list(prev)
-    for c in range(w, capacity + 1):
-      if prev[c - w] + v > row[c]:
-        row[c] = prev[c - w] + v
-    rows.append(row)
+    if w > capacity:
+      continue
+    cand = best[:capacity + 1 - w] + v
+    better = cand > best[w:]
+    take[k, w:] = better
+    best[w:] = np.where(better, cand, best[w:])
   c, sol = capacity, []
-  for k in range(len(ids), 0, -1):
-    if rows[k][c] != rows[k - 1][c]:
-      sol.append(ids[k - 1])
-      c -= items[ids[k - 1]][0]
+  for k in range(len(ids) - 1, -1, -1):
+    if take[k, c]:
+      sol.append(ids[k])
+      c -= items[ids[k]][0]
+  return sorted(sol)
+
+
+def _knapsack_by_value(items: dict, capacity: int, ids: list):
+  """Exact 0/1 knapsack by a DP over values: least weight reaching each total value."""
+  total = sum(items[i][1] for i in ids)
+  inf = np.iinfo(np.int64).max // 4
+  least = np.full(total + 1, inf, np.int64)
+  least[0] = 0
+  take = np.zeros((len(ids), total + 1), bool)  # [items, total value + 1]
+  for k, i in enumerate(ids):
+    w, v = items[i]
+    cand = least[:total + 1 - v] + w
+    better = cand < least[v:]
+    take[k, v:] = better
+    least[v:] = np.where(better, cand, least[v:])
+  c = int(np.flatnonzero(least <= capacity).max())
+  sol = []
+  for k in range(len(ids) - 1, -1, -1):
+    if take[k, c]:
+      sol.append(ids[k])
+      c -= items[ids[k]][1]
   return sorted(sol)
 
 
@@ -276,15 +308,46 @@ class Knapsack(Task):
   description = ("Choose distinct items whose total weight is at most the capacity, "
                  "maximising their total value.")
   answer_format = "a list of distinct item ids, e.g. Answer: [1, 4, 6]"
-  SIZES = {"tiny": ((2, 3), (2, 3)), "easy": ((6, 10), (8, 15)), "medium": ((8, 12), (15, 25)),
-           "hard": ((15, 25), (20, 35)), "bench": ((25, 35), (30, 45))}
+  TINY = ((2, 3), (2, 3))  # (planted items, distractors); ours, tiny never changes
+  # NP-Bench's levels: planted items, distractors, planted weights, planted value per weight,
+  # heavy and cheap distractor weights, their value per weight, capacity / planted weight.
+  # Distractors are heavy (40%), cheap (40%) or traps (20%: half to 0.9 of the planted
+  # weight, valued like planted items).
+  SIZES = {
+      "easy": ((6, 10), (8, 15), (5, 25), (1.8, 2.5), (30, 50), (2, 10), (0.3, 0.8), (1.1, 1.4)),
+      "medium": ((8, 12), (15, 25), (20, 80), (1.5, 2.0), (100, 200), (10, 40), (0.6, 1.0),
+                 (1.05, 1.25)),
+      "hard": ((15, 25), (20, 35), (50, 200), (1.2, 1.6), (300, 600), (30, 100), (0.8, 1.1),
+               (1.02, 1.15)),
+      "bench": ((25, 35), (30, 45), (50, 200), (1.2, 1.6), (300, 600), (30, 100), (0.8, 1.1),
+                (1.02, 1.15)),
+  }
+
+  def _generate_npbench(self, rng, level):
+    npl, nd, w_sol, r_sol, w_heavy, w_cheap, r_cheap, r_cap = self.SIZES[level]
+    priced = lambda w, r: (w, int(w * rng.uniform(*r)))
+    planted = [priced(rng.randint(*w_sol), r_sol) for _ in range(uniform(rng, npl))]
+    total = sum(w for w, _ in planted)
+    distract = []
+    for _ in range(uniform(rng, nd)):
+      kind = rng.random()
+      if kind < 0.4:
+        distract.append(priced(rng.randint(*w_heavy), r_cheap))
+      elif kind < 0.8:
+        distract.append(priced(rng.randint(*w_cheap), r_cheap))
+      else:
+        distract.append(priced(rng.randint(int(total * 0.5), int(total * 0.9)), r_sol))
+    return int(total * rng.uniform(*r_cap)), planted, distract
 
   def _generate(self, rng, level):
-    npl, nd = self.SIZES[level]
-    planted = [(w, int(w * rng.uniform(1.3, 2.0))) for w in (rng.randint(3, 30) for _ in range(uniform(rng, npl)))]
-    capacity = sum(w for w, _ in planted)
-    distract = [(w, max(1, int(w * rng.uniform(0.3, 1.2)))) for w in
-                (rng.randint(3, 45) for _ in range(uniform(rng, nd)))]
+    if level == "tiny":
+      npl, nd = self.TINY
+      planted = [(w, int(w * rng.uniform(1.3, 2.0))) for w in (rng.randint(3, 30) for _ in range(uniform(rng, npl)))]
+      capacity = sum(w for w, _ in planted)
+      distract = [(w, max(1, int(w * rng.uniform(0.3, 1.2)))) for w in
+                  (rng.randint(3, 45) for _ in range(uniform(rng, nd)))]
+    else:
+      capacity, planted, distract = self._generate_npbench(rng, level)
     allitems = planted + distract
     order = list(range(len(allitems)))
     rng.shuffle(order)
