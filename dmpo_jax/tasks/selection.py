@@ -196,12 +196,50 @@ class SubsetSum(Task):
   description = ("Choose indices of the given numbers whose values sum exactly to the target, "
                  "using as many numbers as possible.")
   answer_format = "a list of distinct indices, e.g. Answer: [0, 2, 5]"
-  SIZES = {"tiny": ((4, 5), (2, 3), 9), "easy": ((5, 10), (2, 3), 30),
-           "medium": ((8, 12), (3, 4), 50), "hard": ((12, 15), (4, 5), 80),
-           "bench": ((15, 20), (5, 6), 100)}
+  TINY = ((4, 5), (2, 3), 9)  # (numbers, planted size, largest value); ours, tiny never changes
+  # NP-Bench's levels: (numbers, planted size, value range, planted solutions). Several
+  # planted solutions of the same size share the target (the numbers grow to hold them all);
+  # the rest are distractors.
+  SIZES = {"easy": ((5, 10), (4, 8), (1, 5), (2, 3)), "medium": ((8, 12), (4, 8), (1, 10), (3, 4)),
+           "hard": ((12, 15), (8, 12), (1, 15), (4, 5)), "bench": ((15, 20), (10, 15), (1, 15), (5, 6))}
+
+  @staticmethod
+  def _values_with_sum(rng, size: int, total: int, lo: int, hi: int) -> list[int]:
+    """``size`` values in [lo, hi] summing to ``total`` (which must be reachable): random
+    values, then unit steps at random positions until the sum is right."""
+    vals = [rng.randint(lo, hi) for _ in range(size)]
+    diff = total - sum(vals)
+    while diff:
+      step = 1 if diff > 0 else -1
+      i = rng.choice([j for j, v in enumerate(vals) if lo <= v + step <= hi])
+      vals[i] += step
+      diff -= step
+    return vals
+
+  def _generate_npbench(self, rng, level):
+    nn, nk, (lo, hi), nv = self.SIZES[level]
+    n, k = uniform(rng, nn), uniform(rng, nk)
+    variants = min(uniform(rng, nv), max(1, n // k))
+    first = [rng.randint(lo, hi) for _ in range(k)]
+    target = sum(first)
+    sols, seen = [first], {tuple(sorted(first))}
+    for _ in range(variants - 1):
+      for _ in range(200):  # a different multiset with the same sum, if one turns up
+        cand = self._values_with_sum(rng, k, target, lo, hi)
+        if tuple(sorted(cand)) not in seen:
+          seen.add(tuple(sorted(cand)))
+          sols.append(cand)
+          break
+    tagged = [(v, j) for j, sol in enumerate(sols) for v in sol]
+    tagged += [(rng.randint(lo, hi), -1) for _ in range(max(0, n - len(tagged)))]
+    rng.shuffle(tagged)
+    planted = [i for i, (_, j) in enumerate(tagged) if j == 0]
+    return {"target": target, "numbers": {str(i): v for i, (v, _) in enumerate(tagged)}}, planted
 
   def _generate(self, rng, level):
-    nn, nk, hi = self.SIZES[level]
+    if level != "tiny":
+      return self._generate_npbench(rng, level)
+    nn, nk, hi = self.TINY
     n = uniform(rng, nn)
     k = min(uniform(rng, nk), n)
     nums = [rng.randint(1, hi) for _ in range(n)]
