@@ -36,11 +36,26 @@ class SetCover(Task):
   description = ("Choose as few of the given subsets as possible so that their union is the "
                  "universe U. If U cannot be covered, answer Impossible.")
   answer_format = "a list of subset ids, e.g. Answer: [0, 4, 7], or Answer: Impossible"
-  SIZES = {"tiny": ((4, 6), (3, 5)), "easy": ((10, 20), (5, 10)), "medium": ((20, 25), (10, 15)),
-           "hard": ((25, 30), (15, 25)), "bench": ((30, 40), (20, 30))}
+  TINY = ((4, 6), (3, 5))  # (universe, subsets); ours, tiny never changes
+  # NP-Bench's levels: (universe, subsets). Each subset is 1 to 40% of U, drawn at random;
+  # elements left uncovered are added to random subsets, so all subsets together cover U.
+  SIZES = {"easy": ((10, 20), (5, 10)), "medium": ((20, 25), (10, 15)), "hard": ((25, 30), (15, 25)),
+           "bench": ((30, 40), (20, 30))}
+
+  def _generate_npbench(self, rng, level):
+    nu, ns = self.SIZES[level]
+    u, m = uniform(rng, nu), uniform(rng, ns)
+    most = max(1, int(u * 0.4))
+    sets = [set(rng.sample(range(u), rng.randint(1, most))) for _ in range(m)]
+    for e in sorted(set(range(u)).difference(*sets)):
+      rng.choice(sets).add(e)
+    q = {"U": list(range(u)), "S": {str(i): sorted(x) for i, x in enumerate(sets)}}
+    return q, list(range(m))
 
   def _generate(self, rng, level):
-    nu, ns = self.SIZES[level]
+    if level != "tiny":
+      return self._generate_npbench(rng, level)
+    nu, ns = self.TINY
     u, m = uniform(rng, nu), uniform(rng, ns)
     k = max(2, min(m - 1, rng.randint(max(2, m // 4), max(2, m // 2))))
     elems = list(range(u))
