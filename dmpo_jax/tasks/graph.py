@@ -40,8 +40,11 @@ class GraphColoring(Task):
   def _generate(self, rng, level):
     nv, nk, p = self.SIZES[level]
     n, k = uniform(rng, nv), uniform(rng, nk)
-    colour = [i % k for i in range(n)]
-    rng.shuffle(colour)
+    if level == "tiny":  # balanced colour classes (ours; tiny never changes)
+      colour = [i % k for i in range(n)]
+      rng.shuffle(colour)
+    else:  # NP-Bench: each vertex's planted colour drawn independently
+      colour = [rng.randrange(k) for _ in range(n)]
     edges = [(u, v) for u in range(n) for v in range(u + 1, n)
              if colour[u] != colour[v] and rng.random() < p]
     return adjacency_lists(n, edges), [c + 1 for c in colour]
