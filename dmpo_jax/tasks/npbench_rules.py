@@ -22,11 +22,11 @@ import re
 
 MARKER = "Answer:"
 MAX_CHARS = 8192    # answer text read by the literal parser
+MAX_ANSWER = 65536  # longer text after the marker is refused (NP-Bench reads any length)
+_OPEN, _CLOSE = "[({", "])}"
 MAX_DEPTH = 4
 MAX_ITEMS = 4096
 
-# The first opening bracket whose run of non-closing characters ends at a closing one.
-_GROUP = re.compile(r"[\[({]([^\])}]*)[\])}]")
 _NUMBER = re.compile(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?|\.[0-9]+([eE][+-]?[0-9]+)?")
 
 
@@ -140,7 +140,21 @@ def after_marker(text: str, first: bool = False) -> str:
   """The text after the last (or first) ``Answer:``."""
   if not isinstance(text, str) or MARKER not in text:
     raise Refused("no 'Answer:' in the response")
-  return text.split(MARKER, 1)[1] if first else text.rsplit(MARKER, 1)[1]
+  out = text.split(MARKER, 1)[1] if first else text.rsplit(MARKER, 1)[1]
+  if len(out) > MAX_ANSWER:
+    raise Refused(f"more than {MAX_ANSWER} characters after 'Answer:'")
+  return out
+
+
+def first_group(s: str) -> str | None:
+  """The inside of the first bracketed group: from the first opening bracket (any of [({)
+  to the first closing bracket after it (any of ])}), NP-Bench's pattern, found in linear
+  time (a regular expression backtracks quadratically on a run of openers). None if none."""
+  i = min((k for k in (s.find(c) for c in _OPEN) if k >= 0), default=-1)
+  if i < 0:
+    return None
+  j = min((k for k in (s.find(c, i + 1) for c in _CLOSE) if k >= 0), default=-1)
+  return s[i + 1:j] if j >= 0 else None
 
 
 def list_body(answer: str) -> str:
@@ -153,8 +167,8 @@ def list_body(answer: str) -> str:
   if "->" in s:
     return ",".join(part.strip() for part in s.split("->"))
   s = s.replace("'", "").replace('"', "")
-  m = _GROUP.search(s)
-  return m.group(1) if m else s
+  group = first_group(s)
+  return s if group is None else group
 
 
 def ints(body: str, *, skip_empty: bool = False, empty_ok: bool = False) -> list[int]:
@@ -395,8 +409,8 @@ def set_cover(q: dict, text: str):
 
 def subset_sum(q: dict, text: str):
   s = after_marker(text).strip().replace("'", "").replace('"', "")
-  m = _GROUP.search(s)
-  ids = ints(m.group(1) if m else s, skip_empty=True)
+  group = first_group(s)
+  ids = ints(s if group is None else group, skip_empty=True)
   if not ids:
     raise Refused("the index list is empty")
   numbers, target = q.get("numbers", {}), q.get("target")
