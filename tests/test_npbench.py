@@ -511,3 +511,21 @@ def test_keyed_file_evaluates_with_its_own_prompts(tmp_path):
       assert s["SR@3"] == 1.0
       # against twice the file's ground truth: min tasks score 2, max tasks 0.5
       assert s["QR@3"] == pytest.approx(2.0 if key == "TSP" else 0.5)
+
+
+def test_compat_is_bounded_on_adversarial_text():
+  """NP-Bench's first-group pattern backtracks quadratically on a run of opening brackets;
+  ours is linear, and every rule answers hostile text quickly with a refusal."""
+  import time
+  texts = ["Answer: " + "[" * 4000, "Answer: " + "(" * 20000 + "1", "Answer: " + "[1, " * 1000 + "]" * 1000,
+           "Answer: " + "9" * 5000, "x" * 200_000 + "Answer: [" + "1, " * 20000 + "1]",
+           "Answer: " + "1" * 70_000]
+  for key in CASES:
+    t = tasks.get(key)
+    for text in texts:
+      t0 = time.perf_counter()
+      v = t.verify(Q[key], text, compat="npbench")
+      assert time.perf_counter() - t0 < 0.25, (key, text[:20])
+      assert not v.feasible
+  assert npbench_rules.first_group("x (1, [2) y]") == "1, [2"
+  assert npbench_rules.first_group("((((") is None
