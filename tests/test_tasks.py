@@ -134,7 +134,7 @@ NPBENCH_STATS = {  # NP-Bench's generators, 200 instances per level: easy, mediu
         'density': [0.2986, 0.3629, 0.4354, 0.5227],
     },
 }
-STATS_TOLERANCE = 0.12  # relative; 200 instances of NP-Bench's own generators differ by up to ~9%
+STATS_TOLERANCE = 0.12  # relative; two draws of 200 from NP-Bench's own generators differ by up to 8%
 
 
 @pytest.mark.slow  # 8,000 instances, about a minute
