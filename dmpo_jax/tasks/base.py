@@ -152,15 +152,14 @@ class Task:
     return self.verify_answer(instance, answer, compat=compat)
 
   def _npbench_verdict(self, instance: dict, text: str) -> Verdict:
-    """NP-Bench's verdict and value; the canonical solution is strict mode's when strict
-    mode reads the same answer, else the parsed answer itself."""
-    self.problem(instance)  # a malformed instance is our error, not a refusal
+    """NP-Bench's verdict and value. The canonical solution is strict mode's when strict
+    mode accepts the same answer, else the answer as NP-Bench read it; a refused answer is
+    well formed when strict mode could read its list."""
+    strict = self.verify(instance, text)  # also: a malformed instance is our error
     try:
       value, parsed = npbench_rules.check(self.key, instance, text)
     except npbench_rules.Refused as e:
-      return Verdict(False, None, f"refused by NP-Bench's rules: {e}",
-                     well_formed=isinstance(text, str) and npbench_rules.MARKER in text)
-    strict = self.verify(instance, text)
+      return Verdict(False, None, f"refused by NP-Bench's rules: {e}", well_formed=strict.well_formed)
     canon = strict.solution if strict.feasible else ("npbench", repr(parsed))
     return Verdict(True, float(value), "ok", canon, well_formed=True)
 
