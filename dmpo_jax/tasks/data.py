@@ -204,6 +204,8 @@ def main(argv=None):
                              exact=args.exact, progress=True), path)
     print(f"wrote {n} records to {path}")
   elif args.format == "npbench":
+    if args.level not in KEY_LEVELS:
+      ap.error(f"--format=npbench needs --level in {KEY_LEVELS} (the level goes into each key)")
     path = os.path.join(args.out, f"npbench_{args.level}.json")
     n = write_npbench(generate(keys, args.level, args.num, seed0=args.seed, style=args.style,
                                exact=args.exact, progress=True), path)
