@@ -153,6 +153,7 @@ class MinimumBisection(Task):
     cut = self._cut(p, [v for v in range(p.n) if side[v]])
     best, best_cut = list(side), cut
     temp = temp0
+    gain = [self._gain(p, side, x) for x in range(p.n)]  # kept current: O(n) per accepted swap
     for it in range(iters):
       if it % 256 == 0 and time.monotonic() > deadline:
         break
@@ -160,9 +161,15 @@ class MinimumBisection(Task):
       v = rng.randrange(p.n)
       if side[u] == side[v]:
         continue
-      delta = self._gain(p, side, u) + self._gain(p, side, v) + 2 * p.w[u][v]
+      delta = gain[u] + gain[v] + 2 * p.w[u][v]
       if delta <= 0 or rng.random() < math.exp(-delta / max(temp, 1e-9)):
+        su = side[u]
+        for x in range(p.n):  # u leaves side su, v joins it
+          if x != u and x != v:
+            sign = 1 if side[x] == su else -1
+            gain[x] += 2 * sign * (p.w[x][v] - p.w[x][u])
         side[u], side[v] = side[v], side[u]
+        gain[u], gain[v] = self._gain(p, side, u), self._gain(p, side, v)
         cut += delta
         if cut < best_cut - 1e-9:
           best, best_cut = list(side), cut
