@@ -60,7 +60,7 @@ def test_planted_reference_exact(key, level, seed):
   assert better_or_equal(t.direction, rv.value, pv.value), (rv.value, pv.value)
   if level in ("tiny", "easy"):
     unproven = key == "minimum-cut" and level != "tiny"
-    ex = t.exact(q, time_limit=6 if unproven else 20)
+    ex = t.exact(q, time_limit=3 if unproven else 20)
     # NP-Bench's min-cut graphs (three dense communities, one must be split) are beyond
     # CP-SAT's proofs (60 s leave it FEASIBLE); it starts from the heuristic (docs/TASKS.md).
     assert ex.status in (("OPTIMAL", "FEASIBLE") if unproven else ("OPTIMAL",)), ex
