@@ -8,8 +8,20 @@ r"""Score a policy on NP tasks: a training workdir's checkpoint or a Hugging Fac
 Writes eval.json (per task, category, overall: SR@k, QR@k, SR/QR means,
 pass@k, distinct feasible solutions, length), table.txt and eval.png to
 --out, and prints the table. Instances come from the generators (seeds from
-1,000,000, the held-out range) or from an NP-Bench JSON/JSONL file (its
-ground_truth is used when present).
+1,000,000, the held-out range) or from an NP-Bench file (--npbench_file: its
+keyed NP_Bench.json shape, a JSON list or JSONL; see tasks/data.py).
+
+With --npbench_file the NP-Bench protocol is the default and is printed:
+each level (read from the record key) is scored separately, 3 samples per
+problem at temperature 0.7, SR@3 / QR@3 against the file's ground_truth,
+NP-Bench's own verdicts (--compat=npbench). With --style=npbench each
+record's own ``prompt`` is used as it is (in the chat template with --chat);
+with --style=compact the prompt is rebuilt from the record's ``question``.
+The prompt length is sized from the longest prompt unless given. Flags set
+explicitly override the protocol, and the printed line says so.
+NP-Bench counts a problem as solved when a sample's ratio is above 0; SR
+here counts feasible samples, which differs only for a feasible answer of
+value 0 on a maximisation task (an empty independent set or schedule).
 """
 
 from __future__ import annotations
@@ -36,15 +48,17 @@ flags.DEFINE_string("out", None, "output folder")
 flags.DEFINE_string("tasks", "all", "comma-separated task keys or 'all'")
 flags.DEFINE_string("level", None, "level (default: the workdir's, else easy)")
 flags.DEFINE_integer("num", 12, "instances per task")
-flags.DEFINE_string("npbench_file", None, "score the instances of an NP-Bench JSON/JSONL file")
-flags.DEFINE_integer("samples", 8, "samples per instance")
+flags.DEFINE_string("npbench_file", None, "score an NP-Bench file (NP_Bench.json, JSON list or JSONL) "
+                    "with NP-Bench's protocol, per task and level")
+flags.DEFINE_integer("samples", 8, "samples per instance (with --npbench_file: 3 unless set)")
 flags.DEFINE_integer("k", 3, "best-of-k for SR@k / QR@k (NP-Bench: 3)")
 flags.DEFINE_float("temperature", 0.7, "sampling temperature (NP-Bench: 0.7)")
 flags.DEFINE_integer("max_new_tokens", None, "default: the workdir's, else 1024")
 flags.DEFINE_integer("max_prompt_len", None, "default: the workdir's, else the longest prompt")
 flags.DEFINE_string("style", None, "prompt style: compact | npbench (default: workdir's, else npbench)")
 flags.DEFINE_bool("chat", False, "wrap prompts in the tokenizer's chat template")
-flags.DEFINE_string("compat", "strict", "verification rules: strict | npbench")
+flags.DEFINE_string("compat", "strict", "verification rules: strict | npbench "
+                    "(with --npbench_file: npbench unless set)")
 flags.DEFINE_integer("batch_prompts", 8, "prompts per sampler call")
 flags.DEFINE_string("dtype", "float32", "compute dtype for --hf models")
 flags.DEFINE_integer("seed", 0, "sampling seed")
@@ -86,6 +100,54 @@ def load_policy():
       "max_prompt_len": cfg.model.max_prompt_len, "chat": cfg.chat_template}
 
 
+class FilePromptEncoder(pipeline.PromptEncoder):
+  """Encodes a file's records by their own ``prompt`` text (NP-Bench style, used as is)."""
+
+  def __init__(self, tokenizer, style, max_prompt_len, chat_template, prompts: dict):
+    super().__init__(tokenizer, style, max_prompt_len, chat_template)
+    self.prompts = prompts  # id(question) -> the record's prompt text
+
+  def encode(self, key: str, q: dict) -> list[int]:
+    text = self.prompts.get(id(q))
+    if text is None or self.style != "npbench":
+      return super().encode(key, q)
+    if self.chat:
+      ids = self.tok.apply_chat_template([{"role": "user", "content": text}],
+                                         add_generation_prompt=True, tokenize=True)
+      ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    else:
+      ids = self.tok.encode(text, add_special_tokens=False)
+      if self.bos is not None:
+        ids = [self.bos] + ids
+    if len(ids) > self.max_len:
+      raise ValueError(f"the file's prompt of {key} has {len(ids)} tokens > max_prompt_len={self.max_len}")
+    return ids
+
+
+def file_protocol(style: str, default_level: str) -> tuple[dict, dict]:
+  """The NP-Bench protocol for --npbench_file: {level: (items, ground truths, prompts)} and
+  a description of the settings used (explicit flags override NP-Bench's)."""
+  records = data_lib.read_npbench(FLAGS.npbench_file)
+  groups: dict = {}
+  for r in records:
+    items, gts, prompts = groups.setdefault(r.get("level") or default_level, ([], [], {}))
+    task = tasks_lib.get(r["task_type"])
+    items.append((r["task_type"], r["question"]))
+    gts.append(float(r["ground_truth"]) if r.get("ground_truth") is not None
+               else task.reference_value(r["question"]))
+    if style == "npbench" and isinstance(r.get("prompt"), str):
+      prompts[id(r["question"])] = r["prompt"]
+  proto = {"samples": FLAGS.samples if FLAGS["samples"].present else 3,
+           "k": FLAGS.k, "temperature": FLAGS.temperature,
+           "compat": FLAGS.compat if FLAGS["compat"].present else "npbench",
+           "ground_truth": "the file's ground_truth (our reference where absent)",
+           "prompts": "the file's own prompt" if style == "npbench" else "compact, rebuilt from question"}
+  npbench = proto["samples"] == 3 and proto["k"] == 3 and proto["temperature"] == 0.7 and \
+      proto["compat"] == "npbench"
+  proto["name"] = "NP-Bench" if npbench else "NP-Bench with overrides"
+  return groups, proto
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -96,42 +158,57 @@ def main(argv):
   graphdef, params, tok, d = load_policy()
   style = FLAGS.style or d.get("style", "npbench")
   level = FLAGS.level or d.get("level", "easy")
+  chat = FLAGS.chat or d.get("chat", False)
+  samples, compat, proto = FLAGS.samples, FLAGS.compat, None
   if FLAGS.npbench_file:
-    records = data_lib.read_npbench(FLAGS.npbench_file)
-    items = [(r["task_type"], r["question"]) for r in records]
-    gts = [float(r["ground_truth"]) if r.get("ground_truth") is not None else
-           tasks_lib.get(r["task_type"]).reference_value(r["question"]) for r in records]
+    groups, proto = file_protocol(style, level)
+    samples, compat = proto["samples"], proto["compat"]
+    print(f"protocol: {proto['name']} -- {samples} samples per problem at temperature "
+          f"{FLAGS.temperature}, SR@{FLAGS.k}/QR@{FLAGS.k} per task and level, compat={compat}, "
+          f"ground truth from the file, prompts: {proto['prompts']}")
   else:
     keys = tasks_lib.names() if FLAGS.tasks == "all" else FLAGS.tasks.split(",")
     ts = pipeline.TaskSet(keys, level, 0)
     items = ts.held_out(FLAGS.num, level)
-    gts = [tasks_lib.get(k).reference_value(q) for k, q in items]
-  probe = pipeline.PromptEncoder(tok, style, 10**9, FLAGS.chat or d.get("chat", False))
-  longest = max(len(probe.encode(k, q)) for k, q in items)
+    groups = {level: (items, [tasks_lib.get(k).reference_value(q) for k, q in items], {})}
+  prompts = {i: t for _, _, p in groups.values() for i, t in p.items()}
+  probe = FilePromptEncoder(tok, style, 10**9, chat, prompts)
+  longest = max(len(probe.encode(k, q)) for items, _, _ in groups.values() for k, q in items)
   plen = FLAGS.max_prompt_len or d.get("max_prompt_len") or longest
   if longest > plen:
     raise app.UsageError(f"the longest prompt has {longest} tokens > --max_prompt_len={plen}")
-  encoder = pipeline.PromptEncoder(tok, style, plen, FLAGS.chat or d.get("chat", False))
+  encoder = FilePromptEncoder(tok, style, plen, chat, prompts)
   scfg = sampler_lib.SamplingConfig(max_new_tokens=FLAGS.max_new_tokens or d.get("max_new_tokens", 1024),
-                                    num_samples=FLAGS.samples, temperature=FLAGS.temperature, eos_id=tok.eos_token_id,
+                                    num_samples=samples, temperature=FLAGS.temperature, eos_id=tok.eos_token_id,
                                     pad_id=encoder.pad)
   sample = jax.jit(lambda p, pt, pm, rng: sampler_lib._generate(graphdef, p, pt, pm, rng, scfg))
   def sample_fn(pt, pm, rng):
     r = sample(params, pt, pm, rng)
     return r.tokens, r.mask
-  res = evaluation.evaluate(sample_fn, encoder, items, samples=FLAGS.samples, k=FLAGS.k,
-                            pass_ks=tuple(sorted({1, FLAGS.k, FLAGS.samples})), rng=jax.random.key(FLAGS.seed),
-                            batch_prompts=FLAGS.batch_prompts, prompt_len=plen,
-                            reward_cfg=rewards_lib.RewardConfig(compat=FLAGS.compat),
-                            ground_truths=gts, progress=True)
+  results = {}
+  for lv, (items, gts, _) in groups.items():
+    results[lv] = evaluation.evaluate(
+        sample_fn, encoder, items, samples=samples, k=FLAGS.k,
+        pass_ks=tuple(sorted({1, FLAGS.k, samples})), rng=jax.random.key(FLAGS.seed),
+        batch_prompts=FLAGS.batch_prompts, prompt_len=plen,
+        reward_cfg=rewards_lib.RewardConfig(compat=compat), ground_truths=gts, progress=True)
   os.makedirs(FLAGS.out, exist_ok=True)
+  if proto is None:
+    res = results[level]
+    table = evaluation.format_table(res)
+    report.plot_before_after(None, res, os.path.join(FLAGS.out, "eval.png"))
+  else:  # per level, as NP-Bench reports
+    res = {"protocol": proto, "levels": results,
+           "num_problems": sum(r["num_problems"] for r in results.values())}
+    table = "\n\n".join(f"level {lv}\n{evaluation.format_table(r)}" for lv, r in results.items())
+    for lv, r in results.items():
+      name = "eval.png" if len(results) == 1 else f"eval_{lv}.png"
+      report.plot_before_after(None, r, os.path.join(FLAGS.out, name))
   report.write_json(res, os.path.join(FLAGS.out, "eval.json"))
-  table = evaluation.format_table(res)
   with open(os.path.join(FLAGS.out, "table.txt"), "w") as f:
     f.write(table + "\n")
-  report.plot_before_after(None, res, os.path.join(FLAGS.out, "eval.png"))
   print(table)
-  print(f"wrote {FLAGS.out}/eval.json, table.txt, eval.png")
+  print(f"wrote {FLAGS.out}/eval.json, table.txt and plots")
 
 
 if __name__ == "__main__":

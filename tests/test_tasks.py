@@ -13,10 +13,10 @@ import pytest
 from dmpo_jax import tasks
 from dmpo_jax.tasks import data, parsing, rewards, scoring
 
-# A copy of ../shared/data/npbench_reference.jsonl (see tests/data/README.md), so CI always has it.
+# NP-Bench instances with answers scored by its own rules and by ours (see tests/data/README.md).
 DATA = os.path.join(os.path.dirname(__file__), "data", "npbench_reference.jsonl")
 
-TABLE = {  # NPBENCH.md: key -> (category, direction)
+TABLE = {  # docs/TASKS.md: key -> (category, direction)
     "GCP-D": ("graph", "min"), "maximum_clique_problem": ("graph", "max"),
     "maximum-set": ("graph", "max"), "meeting-schedule": ("schedule", "max"),
     "minimum-cut": ("partition", "min"), "set-cover": ("selection", "min"),
@@ -59,10 +59,95 @@ def test_planted_reference_exact(key, level, seed):
   # Our references meet or beat the planted solution on every generated instance we test.
   assert better_or_equal(t.direction, rv.value, pv.value), (rv.value, pv.value)
   if level in ("tiny", "easy"):
-    ex = t.exact(q, time_limit=20)
-    assert ex.status == "OPTIMAL", ex
+    unproven = key == "minimum-cut" and level != "tiny"
+    ex = t.exact(q, time_limit=3 if unproven else 20)
+    # NP-Bench's min-cut graphs (three dense communities, one must be split) are beyond
+    # CP-SAT's proofs (60 s leave it FEASIBLE); it starts from the heuristic (docs/TASKS.md).
+    assert ex.status in (("OPTIMAL", "FEASIBLE") if unproven else ("OPTIMAL",)), ex
     assert better_or_equal(t.direction, ex.value, rv.value)
     assert t.verify_solution(q, ex.solution).value == ex.value
+
+
+def test_tiny_instances_never_change():
+  """The default run trains on tiny instances: their bytes are pinned (hash taken before the
+  easy..bench generators were changed to follow NP-Bench's distributions)."""
+  import hashlib
+  h = hashlib.sha256()
+  for key in tasks.names():
+    for s in range(20):
+      h.update(json.dumps(tasks.get(key).generate(s, "tiny"), sort_keys=True).encode())
+  assert h.hexdigest() == "5415d4b105ebd85c693015a46d014e742fbe31bce11654e06158889333fa6b49"
+
+
+NPBENCH_STATS = {  # NP-Bench's generators, 200 instances per level: easy, medium, hard, bench
+    'GCP-D': {
+        'n': [10.045, 18.36, 28.505, 36.05],
+        'density': [0.1461, 0.2773, 0.4261, 0.4245],
+    },
+    'maximum_clique_problem': {
+        'n': [5.95, 9.99, 13.9, 17.995],
+        'density': [0.5966, 0.4697, 0.4869, 0.5492],
+        'planted': [3.015, 2.985, 3.795, 6.14],
+    },
+    'maximum-set': {
+        'n': [16.025, 25.32, 34.705, 45.06],
+        'density': [0.3901, 0.3629, 0.3556, 0.353],
+        'planted': [6.13, 10.075, 13.865, 17.91],
+    },
+    'meeting-schedule': {
+        'meetings': [4.48, 5.515, 6.46, 9.065],
+        'attendees': [4.085, 4.965, 5.935, 8.08],
+        'rooms': [3.505, 4.475, 5.49, 6.56],
+        'room_capacity': [6.3954, 6.581, 6.5308, 6.4856],
+        'meeting_size': [2.4737, 2.976, 3.0143, 3.4761],
+        'duration': [60.075, 60.265, 59.1321, 59.5433],
+    },
+    'minimum-cut': {
+        'n': [42.0, 45.0, 45.0, 50.0],
+        'density': [0.356, 0.3547, 0.3014, 0.301],
+        'weight_mean': [7.5808, 7.5959, 8.3399, 8.3202],
+    },
+    'set-cover': {
+        'U': [15.355, 22.4, 27.33, 34.775],
+        'S': [7.48, 12.505, 20.18, 25.215],
+        'subset_size': [3.8333, 4.9604, 5.8258, 7.2814],
+    },
+    'subset-sum': {
+        'numbers': [7.925, 9.9, 13.595, 17.495],
+        'value_mean': [2.974, 5.4842, 7.9577, 7.8887],
+        'target': [18.115, 34.4, 80.625, 98.385],
+        'planted': [6.035, 6.33, 10.005, 12.345],
+    },
+    'knapsack': {
+        'items': [19.675, 29.99, 46.72, 67.51],
+        'weight_mean': [26.6618, 109.512, 365.4022, 455.3792],
+        'weight_max': [88.02, 386.255, 2027.165, 3172.41],
+        'value_mean': [39.2973, 146.3252, 457.1139, 585.159],
+        'capacity': [149.37, 554.695, 2647.7, 4038.4],
+    },
+    'TSP': {
+        'n': [14.88, 24.925, 39.785, 50.155],
+        'dist_mean': [55.236, 55.0737, 55.0233, 54.9819],
+    },
+    'hamiltonian-cycle': {
+        'n': [17.56, 24.805, 35.23, 44.915],
+        'density': [0.2986, 0.3629, 0.4354, 0.5227],
+    },
+}
+STATS_TOLERANCE = 0.12  # relative; two draws of 200 from NP-Bench's own generators differ by up to 8%
+
+
+@pytest.mark.slow  # 8,000 instances, about a minute
+@pytest.mark.parametrize("key", list(TABLE))
+def test_generator_statistics_follow_npbench(key):
+  """Mean statistics over 200 instances per level are within STATS_TOLERANCE of NP-Bench's
+  generators' (docs/TASKS.md's table)."""
+  from dmpo_jax.tasks import stats
+  for i, level in enumerate(("easy", "medium", "hard", "bench")):
+    ours = stats.level_stats(key, level, 200)
+    assert set(ours) == set(NPBENCH_STATS[key])
+    for m, theirs in NPBENCH_STATS[key].items():
+      assert abs(ours[m] - theirs[i]) <= STATS_TOLERANCE * abs(theirs[i]), (key, level, m, ours[m], theirs[i])
 
 
 @pytest.mark.parametrize("key", list(TABLE))

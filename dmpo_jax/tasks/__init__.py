@@ -1,4 +1,4 @@
-"""The ten NP-Bench tasks (NPBENCH.md): generators, verifiers, solvers, scoring.
+"""The ten NP-Bench tasks (docs/TASKS.md): generators, verifiers, solvers, scoring.
 
     from dmpo_jax import tasks
     task = tasks.get("TSP")
@@ -20,7 +20,7 @@ _TASKS = {t.key: t for t in (
 
 
 def names() -> list[str]:
-  """The ten NP-Bench task keys, in NPBENCH.md's order."""
+  """The ten NP-Bench task keys, in docs/TASKS.md's order."""
   return list(_TASKS)
 
 

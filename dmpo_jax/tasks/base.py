@@ -19,7 +19,7 @@ import random
 import time
 from typing import Any, Hashable
 
-from dmpo_jax.tasks import parsing
+from dmpo_jax.tasks import npbench_rules, parsing
 
 LEVELS = ("tiny", "easy", "medium", "hard", "bench")
 CATEGORIES = ("graph", "schedule", "partition", "selection", "planning")
@@ -83,8 +83,9 @@ class Task:
   def _parse(self, answer: str):
     return parsing.parse_int_list(answer)
 
-  def _check(self, problem, parsed, compat: str) -> tuple[float, Hashable]:
-    """Return (value, canonical solution) or raise Infeasible(reason)."""
+  def _check(self, problem, parsed) -> tuple[float, Hashable]:
+    """Strict mode's check: (value, canonical solution) or raise Infeasible(reason).
+    NP-Bench's own rules (compat="npbench") are in npbench_rules.py."""
     raise NotImplementedError
 
   def _reference(self, problem, rng: random.Random, deadline: float):
@@ -138,16 +139,36 @@ class Task:
     return self.generate_with_solution(seed, level)[0]
 
   def verify(self, instance: dict, text: str, *, compat: str = "strict") -> Verdict:
-    """Score a full model response: the answer is the text after the last 'Answer:'."""
+    """Score a full model response.
+
+    strict: the answer is the text after the last 'Answer:', read by parsing.py.
+    npbench: NP-Bench's own per-task rules on the whole response (npbench_rules.py).
+    """
+    if compat == "npbench":
+      return self._npbench_verdict(instance, text)
     answer = parsing.extract_answer(text)
     if answer is None:
       return Verdict(False, None, "no 'Answer:' in the response")
     return self.verify_answer(instance, answer, compat=compat)
 
+  def _npbench_verdict(self, instance: dict, text: str) -> Verdict:
+    """NP-Bench's verdict and value. The canonical solution is strict mode's when strict
+    mode accepts the same answer, else the answer as NP-Bench read it; a refused answer is
+    well formed when strict mode could read its list."""
+    strict = self.verify(instance, text)  # also: a malformed instance is our error
+    try:
+      value, parsed = npbench_rules.check(self.key, instance, text)
+    except npbench_rules.Refused as e:
+      return Verdict(False, None, f"refused by NP-Bench's rules: {e}", well_formed=strict.well_formed)
+    canon = strict.solution if strict.feasible else ("npbench", repr(parsed))
+    return Verdict(True, float(value), "ok", canon, well_formed=True)
+
   def verify_answer(self, instance: dict, answer: str, *, compat: str = "strict") -> Verdict:
     """Score the answer body (the text after 'Answer:')."""
     if compat not in COMPAT:
       raise ValueError(f"unknown compat {compat!r}; choose from {COMPAT}")
+    if compat == "npbench":
+      return self._npbench_verdict(instance, parsing.MARKER + " " + answer)
     problem = self.problem(instance)
     try:
       parsed = self._parse(answer)
@@ -156,7 +177,7 @@ class Task:
     except RecursionError:
       return Verdict(False, None, "malformed answer: nested too deeply")
     try:
-      value, canon = self._check(problem, parsed, compat)
+      value, canon = self._check(problem, parsed)
     except Infeasible as e:
       return Verdict(False, None, str(e), well_formed=True)
     return Verdict(True, float(value), "ok", canon, well_formed=True)

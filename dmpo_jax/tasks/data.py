@@ -1,10 +1,19 @@
 """NP-Bench data files: read them, and write our generated sets in the same format.
 
 A record is NP-Bench's: ``{"prompt", "question", "task_type", "ground_truth"}``;
-ours add ``level``, ``seed``, ``optimum`` and ``optimum_status``. Files are a
-JSON list (NP-Bench's benchmark files) or JSON Lines (one record per line).
+ours add ``level``, ``seed``, ``optimum`` and ``optimum_status``. Three file
+shapes are read:
 
-CLI (writes JSONL, or a TFDS array_record dataset with --format=tfds):
+* NP-Bench's released benchmark file: ONE JSON object mapping keys
+  ``<task>_<level>_question<N>`` to records. The level is read from the key
+  the way NP-Bench's evaluation reads it (the first of easy, medium, hard,
+  bench that the key contains) and stored in the record as ``level``; the key
+  is kept as ``key``. ``write_npbench`` writes this shape.
+* a JSON list of records;
+* JSON Lines, one record per line (``write_jsonl``).
+
+CLI (writes JSONL; NP_Bench.json's keyed shape with --format=npbench; a TFDS
+array_record dataset with --format=tfds):
 
     python -m dmpo_jax.tasks.data --out=data/tiny --level=tiny --num=200
 """
@@ -19,14 +28,40 @@ from typing import Iterable, Iterator
 from dmpo_jax import tasks as _tasks
 
 REQUIRED = ("question", "task_type")
+# NP-Bench's evaluation tests the key for these substrings in this order.
+KEY_LEVELS = ("easy", "medium", "hard", "bench")
 
 
 class DataError(ValueError):
   """A data file or record is malformed; the message names the file and record."""
 
 
+def level_of_key(key: str) -> str | None:
+  """The level NP-Bench's evaluation reads from a record key, or None (it skips such keys)."""
+  for level in KEY_LEVELS:
+    if level in key:
+      return level
+  return None
+
+
+def _from_keyed(path: str, obj: dict) -> list[dict]:
+  """Records of a dict keyed ``<task>_<level>_question<N>`` (NP_Bench.json's shape)."""
+  records = []
+  for key, r in obj.items():
+    if not isinstance(r, dict):
+      raise DataError(f"{path}: record {key!r} is not an object")
+    level = level_of_key(key)
+    if level is None:
+      raise DataError(f"{path}: record key {key!r} names no level (one of {KEY_LEVELS}); "
+                      "NP-Bench's evaluation would skip it")
+    if r.get("level") not in (None, level):
+      raise DataError(f"{path}: record {key!r} has level {r['level']!r} but its key says {level!r}")
+    records.append({**r, "key": key, "level": level})
+  return records
+
+
 def read_npbench(path: str) -> list[dict]:
-  """Records of an NP-Bench JSON (list) or JSONL file, validated."""
+  """Records of an NP-Bench file (keyed object, JSON list or JSONL), validated."""
   if not os.path.isfile(path):
     raise DataError(f"{path}: no such file")
   with open(path, encoding="utf-8") as f:
@@ -36,40 +71,89 @@ def read_npbench(path: str) -> list[dict]:
     if stripped.startswith("["):
       records = json.loads(text)
     else:
-      records = [json.loads(line) for line in text.splitlines() if line.strip()]
+      try:  # one JSON object (NP_Bench.json), else JSON Lines
+        records = json.loads(text)
+      except json.JSONDecodeError:
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
   except json.JSONDecodeError as e:
     raise DataError(f"{path}: not JSON or JSON Lines ({e})") from e
   if isinstance(records, dict):
-    records = [records]
+    keyed = records and all(isinstance(v, dict) for v in records.values()) and \
+        not any(k in records for k in REQUIRED)
+    records = _from_keyed(path, records) if keyed else [records]
+  if not isinstance(records, list):
+    raise DataError(f"{path}: expected a JSON object of records, a list or JSON Lines")
   for i, r in enumerate(records):
+    name = repr(r["key"]) if isinstance(r, dict) and "key" in r else str(i)
     if not isinstance(r, dict):
-      raise DataError(f"{path}: record {i} is not an object")
+      raise DataError(f"{path}: record {name} is not an object")
     missing = [k for k in REQUIRED if k not in r]
     if missing:
-      raise DataError(f"{path}: record {i} lacks {missing}")
+      raise DataError(f"{path}: record {name} lacks {missing}")
     if r["task_type"] not in _tasks.names():
-      raise DataError(f"{path}: record {i} has unknown task_type {r['task_type']!r}; "
+      raise DataError(f"{path}: record {name} has unknown task_type {r['task_type']!r}; "
                       f"choose from {_tasks.names()}")
     if not isinstance(r["question"], dict):
-      raise DataError(f"{path}: record {i}: question must be an object")
+      raise DataError(f"{path}: record {name}: question must be an object")
   return records
 
 
-def write_jsonl(records: Iterable[dict], path: str) -> int:
-  """Write records atomically (a temp file renamed into place): no half-written files."""
+def npbench_keys(records: Iterable[dict]) -> list[str]:
+  """NP-Bench record keys: a record's own ``key``, else ``<task>_<level>_question<N>``
+  with N counting from 1 per (task, level)."""
+  counts: dict = {}
+  keys = []
+  for i, r in enumerate(records):
+    if r.get("key"):
+      keys.append(r["key"])
+      continue
+    level = r.get("level")
+    if level not in KEY_LEVELS:
+      raise DataError(f"record {i} ({r.get('task_type')}) has level {level!r}; NP-Bench's file "
+                      f"needs one of {KEY_LEVELS} (its evaluation reads the level from the key)")
+    n = counts[(r["task_type"], level)] = counts.get((r["task_type"], level), 0) + 1
+    keys.append(f"{r['task_type']}_{level}_question{n}")
+  if len(set(keys)) != len(keys):
+    raise DataError("records have duplicate NP-Bench keys")
+  return keys
+
+
+def write_npbench(records: Iterable[dict], path: str) -> int:
+  """Write records as NP_Bench.json does: one object keyed ``<task>_<level>_question<N>``.
+  ``key``, and ``level`` where the key says it, are not repeated inside the record (so an
+  NP_Bench.json read and written again is the same file)."""
+  records = list(records)
+  keys = npbench_keys(records)
+  obj = {k: {f: v for f, v in r.items()
+             if f != "key" and not (f == "level" and v == level_of_key(k))}
+         for k, r in zip(keys, records)}
+  _atomic_write(path, lambda f: json.dump(obj, f, indent=1))
+  return len(obj)
+
+
+def _atomic_write(path: str, write) -> None:
+  """Write through a temp file renamed into place: no half-written files."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-  n = 0
   try:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-      for r in records:
-        f.write(json.dumps(r) + "\n")
-        n += 1
+      write(f)
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def write_jsonl(records: Iterable[dict], path: str) -> int:
+  """Write records as JSON Lines, atomically."""
+  n = 0
+  def write(f):
+    nonlocal n
+    for r in records:
+      f.write(json.dumps(r) + "\n")
+      n += 1
+  _atomic_write(path, write)
   return n
 
 
@@ -107,7 +191,8 @@ def main(argv=None):
   ap.add_argument("--seed", type=int, default=0, help="first seed")
   ap.add_argument("--style", default="npbench", choices=_tasks.PROMPT_STYLES)
   ap.add_argument("--exact", action="store_true", help="also solve exactly (CP-SAT/DP)")
-  ap.add_argument("--format", default="jsonl", choices=("jsonl", "tfds"))
+  ap.add_argument("--format", default="jsonl", choices=("jsonl", "npbench", "tfds"),
+                  help="npbench: one JSON object keyed <task>_<level>_question<N>, as NP_Bench.json")
   args = ap.parse_args(argv)
   keys = None if args.tasks == "all" else args.tasks.split(",")
   for k in keys or []:
@@ -117,6 +202,13 @@ def main(argv=None):
     path = os.path.join(args.out, f"npbench_{args.level}.jsonl")
     n = write_jsonl(generate(keys, args.level, args.num, seed0=args.seed, style=args.style,
                              exact=args.exact, progress=True), path)
+    print(f"wrote {n} records to {path}")
+  elif args.format == "npbench":
+    if args.level not in KEY_LEVELS:
+      ap.error(f"--format=npbench needs --level in {KEY_LEVELS} (the level goes into each key)")
+    path = os.path.join(args.out, f"npbench_{args.level}.json")
+    n = write_npbench(generate(keys, args.level, args.num, seed0=args.seed, style=args.style,
+                               exact=args.exact, progress=True), path)
     print(f"wrote {n} records to {path}")
   else:
     from dmpo_jax.tasks import tfds_builder

@@ -14,11 +14,11 @@ def _edges_text(p) -> str:
   return " ".join(f"{u}-{v}" for u, v in p.edges)
 
 
-def _check_vertices(p, verts, allow_repeats: bool):
+def _check_vertices(p, verts):
   for v in verts:
     if not 0 <= v < p.n:
       raise Infeasible(f"vertex {v} does not exist (nodes are 0..{p.n - 1})")
-  if not allow_repeats and len(set(verts)) != len(verts):
+  if len(set(verts)) != len(verts):
     dup = next(v for v in verts if verts.count(v) > 1)
     raise Infeasible(f"vertex {dup} repeated")
 
@@ -40,8 +40,11 @@ class GraphColoring(Task):
   def _generate(self, rng, level):
     nv, nk, p = self.SIZES[level]
     n, k = uniform(rng, nv), uniform(rng, nk)
-    colour = [i % k for i in range(n)]
-    rng.shuffle(colour)
+    if level == "tiny":  # balanced colour classes (ours; tiny never changes)
+      colour = [i % k for i in range(n)]
+      rng.shuffle(colour)
+    else:  # NP-Bench: each vertex's planted colour drawn independently
+      colour = [rng.randrange(k) for _ in range(n)]
     edges = [(u, v) for u in range(n) for v in range(u + 1, n)
              if colour[u] != colour[v] and rng.random() < p]
     return adjacency_lists(n, edges), [c + 1 for c in colour]
@@ -49,7 +52,7 @@ class GraphColoring(Task):
   def _load(self, q):
     return load_graph(q)
 
-  def _check(self, p, col, compat):
+  def _check(self, p, col):
     if len(col) != p.n:
       raise Infeasible(f"expected {p.n} colours (one per vertex), got {len(col)}")
     for i, c in enumerate(col):
@@ -161,6 +164,25 @@ class GraphColoring(Task):
     return render.graph(size, f"Graph colouring: {p.n} vertices", p.n, p.edges)
 
 
+def _planted_independent(rng, n: int, size: int, p_out: float, p_cross: float):
+  """NP-Bench's planted-set graph: a random independent set of ``size`` vertices; pairs of
+  other vertices are edges with probability p_out; each other vertex is joined to one set
+  vertex chosen at random and to each remaining set vertex with probability p_cross.
+  Returns (sorted set, edge set of (u, v) with u < v)."""
+  order = list(range(n))
+  rng.shuffle(order)
+  inside, outside = sorted(order[:size]), order[size:]
+  edges = {(min(a, b), max(a, b)) for i, a in enumerate(outside) for b in outside[i + 1:]
+           if rng.random() < p_out}
+  for o in outside:
+    if not inside:
+      break
+    anchor = rng.choice(inside)
+    edges.add((min(o, anchor), max(o, anchor)))
+    edges |= {(min(o, v), max(o, v)) for v in inside if v != anchor and rng.random() < p_cross}
+  return inside, edges
+
+
 # ---------------------------------------------------------------------------
 class _SetInGraph(Task):
   """Shared code of clique and independent set: a set of distinct vertices."""
@@ -172,9 +194,8 @@ class _SetInGraph(Task):
   def _ok(self, p, u, v) -> bool:
     return (v not in p.adj[u]) if self.independent else (v in p.adj[u])
 
-  def _check(self, p, verts, compat):
-    allow = self.independent and compat == "npbench"  # NP-Bench's MIS check ignores repeats
-    _check_vertices(p, verts, allow_repeats=allow)
+  def _check(self, p, verts):
+    _check_vertices(p, verts)
     distinct = sorted(set(verts))
     for i, u in enumerate(distinct):
       for v in distinct[i + 1:]:
@@ -266,17 +287,26 @@ class MaximumClique(_SetInGraph):
   key = "maximum_clique_problem"
   title = "Maximum clique"
   description = "Find a largest set of vertices that are pairwise adjacent in the undirected graph."
-  SIZES = {"tiny": ((4, 6), (2, 3), 0.3), "easy": ((4, 8), (2, 4), 0.3),
-           "medium": ((8, 12), (2, 4), 0.3), "hard": ((12, 16), (2, 6), 0.35),
-           "bench": ((16, 20), (4, 8), 0.35)}
+  # tiny: (vertices, clique size, edge probability); ours, kept so tiny instances never change.
+  TINY = ((4, 6), (2, 3), 0.3)
+  # NP-Bench's levels: (vertices, clique size); the clique is an independent set planted in
+  # a graph of outside-outside edge probability 0.6 and outside-inside 0.3, complemented.
+  SIZES = {"easy": ((4, 8), (2, 4)), "medium": ((8, 12), (2, 4)), "hard": ((12, 16), (2, 6)),
+           "bench": ((16, 20), (4, 8))}
 
   def _generate(self, rng, level):
-    nv, nc, p = self.SIZES[level]
+    if level == "tiny":
+      nv, nc, p = self.TINY
+      n = uniform(rng, nv)
+      c = min(uniform(rng, nc), n)
+      clique = sorted(rng.sample(range(n), c))
+      edges = {(u, v) for i, u in enumerate(clique) for v in clique[i + 1:]}
+      edges |= {(u, v) for u in range(n) for v in range(u + 1, n) if rng.random() < p}
+      return adjacency_lists(n, edges), clique
+    nv, nc = self.SIZES[level]
     n = uniform(rng, nv)
-    c = min(uniform(rng, nc), n)
-    clique = sorted(rng.sample(range(n), c))
-    edges = {(u, v) for i, u in enumerate(clique) for v in clique[i + 1:]}
-    edges |= {(u, v) for u in range(n) for v in range(u + 1, n) if rng.random() < p}
+    clique, g = _planted_independent(rng, n, min(uniform(rng, nc), n), 0.6, 0.3)
+    edges = {(u, v) for u in range(n) for v in range(u + 1, n) if (u, v) not in g}
     return adjacency_lists(n, edges), clique
 
   def _compact(self, p):
@@ -291,19 +321,26 @@ class MaximumIndependentSet(_SetInGraph):
   title = "Maximum independent set"
   description = "Find a largest set of vertices no two of which are adjacent in the undirected graph."
   independent = True
-  SIZES = {"tiny": ((5, 7), (2, 3), 0.4), "easy": ((12, 20), (4, 8), 0.3),
-           "medium": ((20, 30), (8, 12), 0.3), "hard": ((30, 40), (12, 16), 0.3),
-           "bench": ((40, 50), (16, 20), 0.3)}
+  TINY = ((5, 7), (2, 3), 0.4)  # ours, kept so tiny instances never change
+  # NP-Bench's levels: (vertices, set size); outside-outside and outside-inside edge
+  # probability 0.4, and every outside vertex adjacent to at least one set vertex.
+  SIZES = {"easy": ((12, 20), (4, 8)), "medium": ((20, 30), (8, 12)), "hard": ((30, 40), (12, 16)),
+           "bench": ((40, 50), (16, 20))}
 
   def _generate(self, rng, level):
-    nv, ns, p = self.SIZES[level]
-    n = uniform(rng, nv)
-    s = min(uniform(rng, ns), n)
-    ind = set(rng.sample(range(n), s))
-    edges = [(u, v) for u in range(n) for v in range(u + 1, n)
-             if not (u in ind and v in ind) and rng.random() < p]
+    if level == "tiny":
+      nv, ns, p = self.TINY
+      n = uniform(rng, nv)
+      s = min(uniform(rng, ns), n)
+      ind = set(rng.sample(range(n), s))
+      edges = [(u, v) for u in range(n) for v in range(u + 1, n)
+               if not (u in ind and v in ind) and rng.random() < p]
+    else:
+      nv, ns = self.SIZES[level]
+      n = uniform(rng, nv)
+      ind, edges = _planted_independent(rng, n, min(uniform(rng, ns), n), 0.4, 0.4)
     adj = {str(i): {} for i in range(n)}
-    for u, v in edges:
+    for u, v in sorted(edges):
       adj[str(u)][str(v)] = 1
       adj[str(v)][str(u)] = 1
     return adj, sorted(ind)

@@ -1,6 +1,7 @@
 """Safe, bounded parsing of model answers (untrusted text; never `eval`).
 
-The answer is the text after the LAST ``Answer:`` (NPBENCH.md). Only the first
+This is strict mode's reading (NP-Bench's own per-task reading is in
+npbench_rules.py). The answer is the text after the LAST ``Answer:``. Only the first
 ``MAX_ANSWER_CHARS`` characters after it are read, nesting is bounded, and the
 parser is a single left-to-right scan, so any input is answered in
 milliseconds. Accepted forms:
@@ -10,6 +11,11 @@ milliseconds. Accepted forms:
   integers such as ``'3'``; trailing text after the literal is ignored);
 * the arrow form ``0 -> 3 -> 1 -> 0`` (optionally wrapped in brackets);
 * otherwise the first bracketed group anywhere in the answer.
+
+Refused as accidental parses: digits other than ASCII 0-9 (Python's ``\\d``
+and ``int`` read e.g. Arabic-Indic digits), and an answer whose first bracket
+is ``{`` (a dict or set, such as ``{"tour": [0, 1, 0]}``, whose first list
+would otherwise be read).
 """
 
 from __future__ import annotations
@@ -37,8 +43,8 @@ def extract_answer(text: str) -> str | None:
 
 
 _DECOR = str.maketrans({"*": " ", "`": " ", "$": " "})
-_INT = re.compile(r"\s*([+-]?\d{1,18})\s*")
-_ARROW_ITEM = re.compile(r"^\s*['\"]?([+-]?\d{1,18})['\"]?\s*$")
+_INT = re.compile(r"\s*([+-]?[0-9]{1,18})\s*")
+_ARROW_ITEM = re.compile(r"^\s*['\"]?([+-]?[0-9]{1,18})['\"]?\s*$")
 
 
 def _clean(answer: str) -> str:
@@ -146,6 +152,8 @@ def parse_list(answer: str):
     return items
   start = -1
   for i, c in enumerate(s):
+    if c == "{":
+      raise ParseError("the answer is a dict or set, not a list")
     if c in "[(":
       start = i
       break

@@ -63,7 +63,7 @@ class TSP(Task):
   def _length(self, p, tour):
     return sum(p.d[tour[i]][tour[i + 1]] for i in range(len(tour) - 1))
 
-  def _check(self, p, tour, compat):
+  def _check(self, p, tour):
     if len(tour) != p.n + 1:
       raise Infeasible(f"a closed tour has {p.n + 1} entries, got {len(tour)}")
     _check_closed(p.n, tour, "city")
@@ -191,10 +191,10 @@ class LongestCycle(Task):
   def _load(self, q):
     return load_graph(q)
 
-  def _check(self, p, path, compat):
+  def _check(self, p, path):
     if not path:
       raise Infeasible("empty path")
-    if compat == "strict" and len(path) < 4:
+    if len(path) < 4:
       raise Infeasible(f"a cycle needs at least 3 distinct vertices; got {path}")
     _check_closed(p.n, path, "vertex")
     for a, b in zip(path, path[1:]):

@@ -26,12 +26,44 @@ class MeetingSchedule(Task):
                  "once. Maximise the total number of attendees of the scheduled meetings.")
   answer_format = ("a list of (meeting_id, room_id, start_time) tuples, e.g. "
                    "Answer: [(0, 1, 540), (2, 0, 600)]; [] schedules nothing")
-  SIZES = {"tiny": ((2, 3), (2, 3), (1, 2)), "easy": ((4, 5), (3, 5), (3, 4)),
-           "medium": ((5, 6), (4, 6), (4, 5)), "hard": ((6, 7), (5, 7), (5, 6)),
-           "bench": ((8, 10), (7, 9), (6, 7))}
+  TINY = ((2, 3), (2, 3), (1, 2))  # (meetings, attendees, rooms); ours, tiny never changes
+  # NP-Bench's levels: (meetings, attendees, rooms, most attendees per meeting). Everyone is
+  # available 9:00-12:00 and 13:00-17:00; rooms hold 3-10; a greedy schedule is planted.
+  SIZES = {"easy": ((4, 5), (3, 5), (3, 4), 3), "medium": ((5, 6), (4, 6), (4, 5), 4),
+           "hard": ((6, 7), (5, 7), (5, 6), 4), "bench": ((8, 10), (7, 9), (6, 7), 5)}
+  LUNCH = (720, 780)
+
+  def _generate_npbench(self, rng, level):
+    nm, na, nr, most = self.SIZES[level]
+    M, A, R = uniform(rng, nm), uniform(rng, na), uniform(rng, nr)
+    meetings = {m: (sorted(rng.sample(range(A), rng.randint(2, most))), rng.choice([30, 60, 90]))
+                for m in range(M)}
+    windows = [[DAY[0], self.LUNCH[0]], [self.LUNCH[1], DAY[1]]]
+    rooms = {r: rng.randint(3, 10) for r in range(R)}
+    busy_room = {r: [] for r in range(R)}
+    busy_att = {a: [] for a in range(A)}
+    free = lambda iv, s, e: all(e <= a or b <= s for a, b in iv)
+    planted = []
+    for m, (att, dur) in meetings.items():  # greedy: first room, then earliest half hour
+      slot = next(((r, s) for r in range(R) if rooms[r] >= len(att)
+                   for lo, hi in windows for s in range(lo, hi - dur + 1, 30)
+                   if free(busy_room[r], s, s + dur) and all(free(busy_att[a], s, s + dur) for a in att)),
+                  None)
+      if slot:
+        r, s = slot
+        busy_room[r].append((s, s + dur))
+        for a in att:
+          busy_att[a].append((s, s + dur))
+        planted.append((m, r, s))
+    q = {"meetings": {str(m): {"attendees": att, "duration": dur} for m, (att, dur) in meetings.items()},
+         "attendee_availability": {str(a): [list(w) for w in windows] for a in range(A)},
+         "rooms": {str(r): c for r, c in rooms.items()}}
+    return q, planted
 
   def _generate(self, rng, level):
-    nm, na, nr = self.SIZES[level]
+    if level != "tiny":
+      return self._generate_npbench(rng, level)
+    nm, na, nr = self.TINY
     M, A, R = uniform(rng, nm), uniform(rng, na), uniform(rng, nr)
     rooms = {r: rng.randint(2, max(3, A + 1)) for r in range(R)}
     busy_room = {r: [] for r in range(R)}
@@ -94,8 +126,7 @@ class MeetingSchedule(Task):
   def _available(self, p, a, s, e):
     return any(lo <= s and e <= hi for lo, hi in p.avail.get(a, ()))
 
-  def _check(self, p, sched, compat):
-    strict = compat == "strict"
+  def _check(self, p, sched):
     seen, by_room, by_att = set(), {}, {}
     value = 0
     for m, r, s in sched:
@@ -105,7 +136,7 @@ class MeetingSchedule(Task):
         raise Infeasible(f"room {r} does not exist")
       att, dur = p.meetings[m]
       e = s + dur
-      if strict and m in seen:
+      if m in seen:
         raise Infeasible(f"meeting {m} scheduled more than once")
       seen.add(m)
       if p.rooms[r] < len(att):
@@ -117,12 +148,11 @@ class MeetingSchedule(Task):
         if s < e2 and s2 < e:
           raise Infeasible(f"meetings {m2} and {m} overlap in room {r}")
       by_room.setdefault(r, []).append((m, s, e))
-      if strict:
-        for a in att:
-          for (m2, s2, e2) in by_att.get(a, ()):
-            if s < e2 and s2 < e:
-              raise Infeasible(f"attendee {a} is in meetings {m2} and {m} at once")
-          by_att.setdefault(a, []).append((m, s, e))
+      for a in att:
+        for (m2, s2, e2) in by_att.get(a, ()):
+          if s < e2 and s2 < e:
+            raise Infeasible(f"attendee {a} is in meetings {m2} and {m} at once")
+        by_att.setdefault(a, []).append((m, s, e))
       value += len(att)
     return value, tuple(sorted(sched))
 

@@ -1,6 +1,6 @@
 """Scoring: NP-Bench's ratio rule, SR/QR, pass@k, keep/exploration, diversity.
 
-Conventions (NPBENCH.md, METHODS.md):
+Conventions (docs/TASKS.md):
 
 * ratio of a feasible answer: min tasks ground_truth / value, max tasks
   value / ground_truth; 0/0 = 1; infeasible = 0; NOT clipped, so beating

@@ -6,16 +6,18 @@ import math
 import random
 import time
 
+import numpy as np
+
 from dmpo_jax.tasks import parsing, render
 from dmpo_jax.tasks.base import Exact, Infeasible, Task
 from dmpo_jax.tasks.common import Problem, cp_model, solve, uniform
 
 
-def _distinct_ids(ids, valid, what, allow_repeats=False):
+def _distinct_ids(ids, valid, what):
   for i in ids:
     if i not in valid:
       raise Infeasible(f"{what} {i} does not exist")
-  if not allow_repeats and len(set(ids)) != len(ids):
+  if len(set(ids)) != len(ids):
     dup = next(i for i in ids if ids.count(i) > 1)
     raise Infeasible(f"{what} {dup} repeated")
 
@@ -34,11 +36,26 @@ class SetCover(Task):
   description = ("Choose as few of the given subsets as possible so that their union is the "
                  "universe U. If U cannot be covered, answer Impossible.")
   answer_format = "a list of subset ids, e.g. Answer: [0, 4, 7], or Answer: Impossible"
-  SIZES = {"tiny": ((4, 6), (3, 5)), "easy": ((10, 20), (5, 10)), "medium": ((20, 25), (10, 15)),
-           "hard": ((25, 30), (15, 25)), "bench": ((30, 40), (20, 30))}
+  TINY = ((4, 6), (3, 5))  # (universe, subsets); ours, tiny never changes
+  # NP-Bench's levels: (universe, subsets). Each subset is 1 to 40% of U, drawn at random;
+  # elements left uncovered are added to random subsets, so all subsets together cover U.
+  SIZES = {"easy": ((10, 20), (5, 10)), "medium": ((20, 25), (10, 15)), "hard": ((25, 30), (15, 25)),
+           "bench": ((30, 40), (20, 30))}
+
+  def _generate_npbench(self, rng, level):
+    nu, ns = self.SIZES[level]
+    u, m = uniform(rng, nu), uniform(rng, ns)
+    most = max(1, int(u * 0.4))
+    sets = [set(rng.sample(range(u), rng.randint(1, most))) for _ in range(m)]
+    for e in sorted(set(range(u)).difference(*sets)):
+      rng.choice(sets).add(e)
+    q = {"U": list(range(u)), "S": {str(i): sorted(x) for i, x in enumerate(sets)}}
+    return q, list(range(m))
 
   def _generate(self, rng, level):
-    nu, ns = self.SIZES[level]
+    if level != "tiny":
+      return self._generate_npbench(rng, level)
+    nu, ns = self.TINY
     u, m = uniform(rng, nu), uniform(rng, ns)
     k = max(2, min(m - 1, rng.randint(max(2, m // 4), max(2, m // 2))))
     elems = list(range(u))
@@ -68,7 +85,7 @@ class SetCover(Task):
   def format_answer(self, solution):
     return "Impossible" if solution == "Impossible" else super().format_answer(solution)
 
-  def _check(self, p, ids, compat):
+  def _check(self, p, ids):
     if ids == "Impossible":
       if p.coverable:
         raise Infeasible("answered Impossible, but the subsets cover U")
@@ -194,12 +211,50 @@ class SubsetSum(Task):
   description = ("Choose indices of the given numbers whose values sum exactly to the target, "
                  "using as many numbers as possible.")
   answer_format = "a list of distinct indices, e.g. Answer: [0, 2, 5]"
-  SIZES = {"tiny": ((4, 5), (2, 3), 9), "easy": ((5, 10), (2, 3), 30),
-           "medium": ((8, 12), (3, 4), 50), "hard": ((12, 15), (4, 5), 80),
-           "bench": ((15, 20), (5, 6), 100)}
+  TINY = ((4, 5), (2, 3), 9)  # (numbers, planted size, largest value); ours, tiny never changes
+  # NP-Bench's levels: (numbers, planted size, value range, planted solutions). Several
+  # planted solutions of the same size share the target (the numbers grow to hold them all);
+  # the rest are distractors.
+  SIZES = {"easy": ((5, 10), (4, 8), (1, 5), (2, 3)), "medium": ((8, 12), (4, 8), (1, 10), (3, 4)),
+           "hard": ((12, 15), (8, 12), (1, 15), (4, 5)), "bench": ((15, 20), (10, 15), (1, 15), (5, 6))}
+
+  @staticmethod
+  def _values_with_sum(rng, size: int, total: int, lo: int, hi: int) -> list[int]:
+    """``size`` values in [lo, hi] summing to ``total`` (which must be reachable): random
+    values, then unit steps at random positions until the sum is right."""
+    vals = [rng.randint(lo, hi) for _ in range(size)]
+    diff = total - sum(vals)
+    while diff:
+      step = 1 if diff > 0 else -1
+      i = rng.choice([j for j, v in enumerate(vals) if lo <= v + step <= hi])
+      vals[i] += step
+      diff -= step
+    return vals
+
+  def _generate_npbench(self, rng, level):
+    nn, nk, (lo, hi), nv = self.SIZES[level]
+    n, k = uniform(rng, nn), uniform(rng, nk)
+    variants = min(uniform(rng, nv), max(1, n // k))
+    first = [rng.randint(lo, hi) for _ in range(k)]
+    target = sum(first)
+    sols, seen = [first], {tuple(sorted(first))}
+    for _ in range(variants - 1):
+      for _ in range(200):  # a different multiset with the same sum, if one turns up
+        cand = self._values_with_sum(rng, k, target, lo, hi)
+        if tuple(sorted(cand)) not in seen:
+          seen.add(tuple(sorted(cand)))
+          sols.append(cand)
+          break
+    tagged = [(v, j) for j, sol in enumerate(sols) for v in sol]
+    tagged += [(rng.randint(lo, hi), -1) for _ in range(max(0, n - len(tagged)))]
+    rng.shuffle(tagged)
+    planted = [i for i, (_, j) in enumerate(tagged) if j == 0]
+    return {"target": target, "numbers": {str(i): v for i, (v, _) in enumerate(tagged)}}, planted
 
   def _generate(self, rng, level):
-    nn, nk, hi = self.SIZES[level]
+    if level != "tiny":
+      return self._generate_npbench(rng, level)
+    nn, nk, hi = self.TINY
     n = uniform(rng, nn)
     k = min(uniform(rng, nk), n)
     nums = [rng.randint(1, hi) for _ in range(n)]
@@ -210,8 +265,8 @@ class SubsetSum(Task):
   def _load(self, q):
     return Problem(target=int(q["target"]), values={int(k): int(v) for k, v in q["numbers"].items()})
 
-  def _check(self, p, ids, compat):
-    _distinct_ids(ids, p.values, "index", allow_repeats=compat == "npbench")
+  def _check(self, p, ids):
+    _distinct_ids(ids, p.values, "index")
     if not ids:
       raise Infeasible("empty selection")
     total = sum(p.values[i] for i in ids)
@@ -250,21 +305,51 @@ class SubsetSum(Task):
 
 # ---------------------------------------------------------------------------
 def _knapsack_dp(items: dict, capacity: int, allowed=None):
+  """Exact 0/1 knapsack over the ids ``allowed`` (default all): a DP over capacities,
+  vectorised per item (NP-Bench's weights reach the thousands), or, when that table is
+  large (over 2M cells) and a table over total values is smaller, a DP over values. Ties go to the same solution as the plain DP over capacities."""
   ids = sorted(items) if allowed is None else sorted(allowed)
-  rows = [[0] * (capacity + 1)]
-  for i in ids:
+  total_value = sum(items[i][1] for i in ids)
+  if len(ids) * (capacity + 1) > 2_000_000 and total_value < capacity and \
+      all(items[i][1] >= 0 for i in ids):
+    return _knapsack_by_value(items, capacity, ids)
+  best = np.zeros(capacity + 1, np.int64)
+  take = np.zeros((len(ids), capacity + 1), bool)  # [items, capacity + 1]
+  for k, i in enumerate(ids):
     w, v = items[i]
-    prev = rows[-1]
-    row = list(prev)
-    for c in range(w, capacity + 1):
-      if prev[c - w] + v > row[c]:
-        row[c] = prev[c - w] + v
-    rows.append(row)
+    if w > capacity:
+      continue
+    cand = best[:capacity + 1 - w] + v
+    better = cand > best[w:]
+    take[k, w:] = better
+    best[w:] = np.where(better, cand, best[w:])
   c, sol = capacity, []
-  for k in range(len(ids), 0, -1):
-    if rows[k][c] != rows[k - 1][c]:
-      sol.append(ids[k - 1])
-      c -= items[ids[k - 1]][0]
+  for k in range(len(ids) - 1, -1, -1):
+    if take[k, c]:
+      sol.append(ids[k])
+      c -= items[ids[k]][0]
+  return sorted(sol)
+
+
+def _knapsack_by_value(items: dict, capacity: int, ids: list):
+  """Exact 0/1 knapsack by a DP over values: least weight reaching each total value."""
+  total = sum(items[i][1] for i in ids)
+  inf = np.iinfo(np.int64).max // 4
+  least = np.full(total + 1, inf, np.int64)
+  least[0] = 0
+  take = np.zeros((len(ids), total + 1), bool)  # [items, total value + 1]
+  for k, i in enumerate(ids):
+    w, v = items[i]
+    cand = least[:total + 1 - v] + w
+    better = cand < least[v:]
+    take[k, v:] = better
+    least[v:] = np.where(better, cand, least[v:])
+  c = int(np.flatnonzero(least <= capacity).max())
+  sol = []
+  for k in range(len(ids) - 1, -1, -1):
+    if take[k, c]:
+      sol.append(ids[k])
+      c -= items[ids[k]][1]
   return sorted(sol)
 
 
@@ -276,15 +361,46 @@ class Knapsack(Task):
   description = ("Choose distinct items whose total weight is at most the capacity, "
                  "maximising their total value.")
   answer_format = "a list of distinct item ids, e.g. Answer: [1, 4, 6]"
-  SIZES = {"tiny": ((2, 3), (2, 3)), "easy": ((6, 10), (8, 15)), "medium": ((8, 12), (15, 25)),
-           "hard": ((15, 25), (20, 35)), "bench": ((25, 35), (30, 45))}
+  TINY = ((2, 3), (2, 3))  # (planted items, distractors); ours, tiny never changes
+  # NP-Bench's levels: planted items, distractors, planted weights, planted value per weight,
+  # heavy and cheap distractor weights, their value per weight, capacity / planted weight.
+  # Distractors are heavy (40%), cheap (40%) or traps (20%: half to 0.9 of the planted
+  # weight, valued like planted items).
+  SIZES = {
+      "easy": ((6, 10), (8, 15), (5, 25), (1.8, 2.5), (30, 50), (2, 10), (0.3, 0.8), (1.1, 1.4)),
+      "medium": ((8, 12), (15, 25), (20, 80), (1.5, 2.0), (100, 200), (10, 40), (0.6, 1.0),
+                 (1.05, 1.25)),
+      "hard": ((15, 25), (20, 35), (50, 200), (1.2, 1.6), (300, 600), (30, 100), (0.8, 1.1),
+               (1.02, 1.15)),
+      "bench": ((25, 35), (30, 45), (50, 200), (1.2, 1.6), (300, 600), (30, 100), (0.8, 1.1),
+                (1.02, 1.15)),
+  }
+
+  def _generate_npbench(self, rng, level):
+    npl, nd, w_sol, r_sol, w_heavy, w_cheap, r_cheap, r_cap = self.SIZES[level]
+    priced = lambda w, r: (w, int(w * rng.uniform(*r)))
+    planted = [priced(rng.randint(*w_sol), r_sol) for _ in range(uniform(rng, npl))]
+    total = sum(w for w, _ in planted)
+    distract = []
+    for _ in range(uniform(rng, nd)):
+      kind = rng.random()
+      if kind < 0.4:
+        distract.append(priced(rng.randint(*w_heavy), r_cheap))
+      elif kind < 0.8:
+        distract.append(priced(rng.randint(*w_cheap), r_cheap))
+      else:
+        distract.append(priced(rng.randint(int(total * 0.5), int(total * 0.9)), r_sol))
+    return int(total * rng.uniform(*r_cap)), planted, distract
 
   def _generate(self, rng, level):
-    npl, nd = self.SIZES[level]
-    planted = [(w, int(w * rng.uniform(1.3, 2.0))) for w in (rng.randint(3, 30) for _ in range(uniform(rng, npl)))]
-    capacity = sum(w for w, _ in planted)
-    distract = [(w, max(1, int(w * rng.uniform(0.3, 1.2)))) for w in
-                (rng.randint(3, 45) for _ in range(uniform(rng, nd)))]
+    if level == "tiny":
+      npl, nd = self.TINY
+      planted = [(w, int(w * rng.uniform(1.3, 2.0))) for w in (rng.randint(3, 30) for _ in range(uniform(rng, npl)))]
+      capacity = sum(w for w, _ in planted)
+      distract = [(w, max(1, int(w * rng.uniform(0.3, 1.2)))) for w in
+                  (rng.randint(3, 45) for _ in range(uniform(rng, nd)))]
+    else:
+      capacity, planted, distract = self._generate_npbench(rng, level)
     allitems = planted + distract
     order = list(range(len(allitems)))
     rng.shuffle(order)
@@ -298,7 +414,9 @@ class Knapsack(Task):
       raise ValueError("negative weight")
     return Problem(capacity=int(q["capacity"]), items=items)
 
-  def _check(self, p, ids, compat):
+  def _check(self, p, ids):
+    if not ids:  # NP-Bench refuses it too: choosing nothing is not a solution
+      raise Infeasible("no item chosen")
     _distinct_ids(ids, p.items, "item")
     weight = sum(p.items[i][0] for i in ids)
     if weight > p.capacity:
