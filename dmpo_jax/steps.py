@@ -17,25 +17,18 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from dmpo_jax.models import positions
 from dmpo_jax.objectives import common, flowrl, presets
 
 TRACES: collections.Counter = collections.Counter()  # compilations per step function
 
 
 def sequence_inputs(prompt_mask, completion_len: int):
-  """Positions [B, P+T] and attention mask [B, P+T, P+T] matching the sampler's.
-
-  Prompts are left-padded (prompt_mask [B, P]); completion slots are all valid
-  keys, as in the sampler's decode, and positions count each row's own tokens.
-  """
-  b, p = prompt_mask.shape
-  plen = prompt_mask.sum(-1).astype(jnp.int32)
-  pos = jnp.concatenate([jnp.maximum(jnp.cumsum(prompt_mask, -1) - 1, 0),
-                         plen[:, None] + jnp.arange(completion_len)[None]], axis=1).astype(jnp.int32)
-  valid = jnp.concatenate([prompt_mask.astype(bool), jnp.ones((b, completion_len), bool)], axis=1)
-  n = p + completion_len
-  causal = jnp.tril(jnp.ones((n, n), bool))
-  return pos, valid[:, None, :] & causal[None]
+  """Positions [B, P+T] and pad offsets [B] of prompt + completion rows, as the sampler
+  decodes them (`dmpo_jax.models.positions.sequence_layout`: left-padded prompts,
+  prompt_mask [B, P]; every completion slot a valid key; positions count each row's
+  own tokens). The model builds causal + padding attention from the offsets."""
+  return positions.sequence_layout(prompt_mask, completion_len)
 
 
 def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
@@ -51,9 +44,9 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
     t = n - prompt_len
     tok = tokens.reshape(-1, n)
     pm = pmask.reshape(-1, prompt_len)
-    pos, mask = sequence_inputs(pm, t)
+    pos, offsets = sequence_inputs(pm, t)
     model = nnx.merge(graphdef, params["model"])
-    h, _ = model.hidden(tok[:, :-1], pos[:, :-1], mask=mask[:, :-1, :-1])  # [B, P+T-1, D]
+    h, _ = model.hidden(tok[:, :-1], pos[:, :-1], offsets=offsets)  # [B, P+T-1, D]
     logits = model.unembed(h[:, prompt_len - 1:])  # predicts the T completion tokens
     lp = common.token_logprobs(logits, tok[:, prompt_len:], temperature=temperature, chunk=chunk)
     out = {"logprobs": lp.reshape(lead + (t,))}
