@@ -18,6 +18,7 @@ import optax
 from flax import nnx
 
 from dmpo_jax.models import positions
+from dmpo_jax.models.transformer import dense
 from dmpo_jax.objectives import common, flowrl, presets
 
 TRACES: collections.Counter = collections.Counter()  # compilations per step function
@@ -36,6 +37,10 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
   """logprob_fn(params, seqs) -> {"logprobs", "entropy"[, "log_z"]}, shapes [..., T].
 
   seqs: {"tokens": [..., P+T] (prompt then completion), "prompt_mask": [..., P]}.
+  chunk: completion tokens per output-projection chunk; each chunk's float32
+  logits [B, chunk, V] are made, reduced to log-probs (and entropy) and
+  recomputed in the backward pass, so the full [B, T, V] never exists. None:
+  whole T on CPU, `auto_chunk(T)` on an accelerator.
   """
 
   def fn(params, seqs):
@@ -47,11 +52,11 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
     pos, offsets = sequence_inputs(pm, t)
     model = nnx.merge(graphdef, params["model"])
     h, _ = model.hidden(tok[:, :-1], pos[:, :-1], offsets=offsets)  # [B, P+T-1, D]
-    logits = model.unembed(h[:, prompt_len - 1:])  # predicts the T completion tokens
-    lp = common.token_logprobs(logits, tok[:, prompt_len:], temperature=temperature, chunk=chunk)
+    c = chunk if chunk is not None else (t if jax.default_backend() == "cpu" else auto_chunk(t))
+    lp, ent = _completion_logprobs(model.unembed_weight(), h[:, prompt_len - 1:],
+                                   tok[:, prompt_len:], temperature, min(c, t), entropy)
     out = {"logprobs": lp.reshape(lead + (t,))}
     if entropy:
-      ent = common.token_entropy(jax.lax.stop_gradient(logits), temperature=temperature)
       out["entropy"] = ent.reshape(lead + (t,))
     if "log_z" in params:
       lz = flowrl.log_z_head(params["log_z"], h[:, :prompt_len], pm)
@@ -59,6 +64,33 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
     return out
 
   return fn
+
+
+def auto_chunk(t: int, target: int = 128) -> int:
+  """The largest divisor of T that is <= target: the log-prob chunk on accelerators."""
+  return max(c for c in range(1, min(t, target) + 1) if t % c == 0)
+
+
+def _completion_logprobs(w, h, tokens, temperature: float, chunk: int, entropy: bool):
+  """Hidden h [B, T, D] (compute dtype), projection w [D, V], tokens [B, T] -> float32 token
+  log-probs and entropies [B, T], over T in chunks (one chunk's float32 logits at a time)."""
+
+  def piece(hc, tc):
+    logits = dense(hc, w.astype(hc.dtype), preferred_element_type=jnp.float32)  # [B, c, V]
+    lp = common.token_logprobs(logits, tc, temperature=temperature)
+    ent = (common.token_entropy(jax.lax.stop_gradient(logits), temperature=temperature)
+           if entropy else jnp.zeros_like(lp))
+    return lp, ent
+
+  b, t, d = h.shape
+  if chunk >= t:
+    return piece(h, tokens)
+  if t % chunk:
+    raise ValueError(f"chunk ({chunk}) must divide the completion length T ({t})")
+  hs = h.reshape(b, t // chunk, chunk, d).transpose(1, 0, 2, 3)  # [T/c, B, c, D]
+  ts = tokens.reshape(b, t // chunk, chunk).transpose(1, 0, 2)
+  lp, ent = jax.lax.map(lambda a: jax.checkpoint(piece)(*a), (hs, ts))  # [T/c, B, c]
+  return (lp.transpose(1, 0, 2).reshape(b, t), ent.transpose(1, 0, 2).reshape(b, t))
 
 
 def _all_finite(tree):

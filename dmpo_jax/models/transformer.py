@@ -351,10 +351,13 @@ class Transformer(nnx.Module):
     x = self.final_norm(x)
     return x, (None if cache is None else tuple(new_cache))
 
+  def unembed_weight(self):
+    """The output projection [D, V] (the embedding's transpose when tied)."""
+    return self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
   def unembed(self, x):
     """Hidden [.., D] -> logits [.., V] in float32."""
-    w = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
-    return dense(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    return dense(x, self.unembed_weight().astype(x.dtype), preferred_element_type=jnp.float32)
 
   def __call__(self, tokens, positions=None, *, offsets=None, mask=None,
                cache: Cache | None = None, cache_index=None) -> Any:
