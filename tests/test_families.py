@@ -186,3 +186,20 @@ def test_multimodal_rope_matches_transformers_qwen2_5_vl_text_model(tmp_path):
   same, _ = model.hidden(jnp.asarray(ids, jnp.int32), jnp.asarray(np.stack([pos[0]] * 3)))
   np.testing.assert_allclose(np.asarray(same), np.asarray(text), atol=1e-6)
   assert np.abs(np.asarray(ours) - np.asarray(text)).max() > 1e-3  # the streams matter
+
+
+def test_llama3_dph_config_plans_llama_3_1_8b(tmp_path, capsys):
+  """configs/llama3_dph.py on a folder holding Llama-3.1-8B-Instruct's config.json (shapes only):
+  the planner reads it (llama3 rope scaling accepted) with the config's mesh and workload."""
+  (tmp_path / "config.json").write_text(json.dumps(dict(
+      model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128256,
+      hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+      num_key_value_heads=8, rope_theta=500000.0, max_position_embeddings=131072,
+      rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu",
+      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})))
+  from dmpo_jax import plan
+
+  plan.main([f"--config=configs/llama3_dph.py:{tmp_path}", "--device_gib=1000"])
+  out = capsys.readouterr().out
+  assert "8.030 B params" in out and "attention core 'cudnn'" in out
