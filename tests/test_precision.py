@@ -35,6 +35,7 @@ def _loss_and_grad(model, chunk=None):
   return value, out, grads
 
 
+@pytest.mark.slow
 def test_chunked_logprobs_equal_whole_in_value_and_gradient():
   model = tiny_model(scale=3.0)
   v1, o1, g1 = _loss_and_grad(model, chunk=T)
@@ -55,6 +56,7 @@ def test_chunked_logprobs_equal_whole_in_value_and_gradient():
 LOSS_RTOL, GRAD_COSINE = 1e-3, 0.999
 
 
+@pytest.mark.slow
 def test_bfloat16_update_is_close_to_float32():
   f32 = tiny_model(scale=3.0)
   bf16 = tiny_model(scale=3.0, dtype="bfloat16")  # same seed: the same float32 weights

@@ -171,7 +171,7 @@ def test_decode_phases_change_nothing_but_speed():
   np.testing.assert_allclose(np.asarray(outs[4].logprobs), np.asarray(outs[1].logprobs), atol=1e-6)
 
 
-@pytest.mark.parametrize("attention", ["reference", "xla"])
+@pytest.mark.parametrize("attention", ["reference", pytest.param("xla", marks=pytest.mark.slow)])
 def test_update_recomputes_the_samplers_logprobs_on_left_padded_batch(attention):
   """PPO ratio 1 at the first step: the update's log-probs (steps.make_logprob_fn) of a
   freshly sampled batch with mixed prompt lengths equal the sampler's, through the one
