@@ -22,7 +22,8 @@ import jax
 import numpy as np
 
 from dmpo_jax import sharding
-from dmpo_jax.models.config import ModelConfig, as_dtype
+from dmpo_jax.models import attention
+from dmpo_jax.models.config import ATTENTION, ModelConfig, as_dtype
 
 # Published Qwen2.5-Instruct shapes (config.json of each model).
 MODELS = {
@@ -35,6 +36,16 @@ MODELS = {
     "qwen2.5-7b": dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
                        num_heads=28, num_kv_heads=4, head_dim=128, qkv_bias=True, tie_embeddings=False,
                        rope_theta=1e6),
+    # Llama 3.x (config.json of Meta's releases) and Qwen3 dense.
+    "llama3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                        num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=5e5, rope_type="llama3",
+                        architecture="llama"),
+    "llama3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16,
+                        num_heads=32, num_kv_heads=8, head_dim=64, rope_theta=5e5, rope_type="llama3",
+                        rope_factor=32.0, tie_embeddings=True, architecture="llama"),
+    "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_layers=36,
+                     num_heads=32, num_kv_heads=8, head_dim=128, qk_norm=True, rope_theta=1e6,
+                     architecture="qwen3"),
 }
 
 GIB = 1024 ** 3
@@ -48,6 +59,7 @@ class Workload:
   new_tokens: int = 1024
   remat: bool = False        # activation checkpointing per layer
   micro_batches: int = 1     # gradient accumulation slices of the update (config.rl.micro_batches)
+  backend: str = "gpu"       # 'cpu' | 'gpu' | 'tpu': picks the attention core and log-prob chunking
 
 
 def _fake_mesh(shape: dict):
@@ -79,6 +91,11 @@ def param_bytes_per_device(cfg: ModelConfig, mesh_shape: dict) -> tuple[int, int
   return per_dev, total, count
 
 
+def _auto_chunk(t: int, target: int = 128) -> int:
+  """steps.auto_chunk (not imported: the planner needs no optimizer stack)."""
+  return max(c for c in range(1, min(t, target) + 1) if t % c == 0)
+
+
 def plan(cfg: ModelConfig, mesh_shape: dict, work: Workload, device_bytes: float | None = None) -> dict:
   ndev = math.prod(int(v) for v in mesh_shape.values())
   rows_div = int(mesh_shape.get("data", 1)) * int(mesh_shape.get("fsdp", 1))
@@ -93,22 +110,30 @@ def plan(cfg: ModelConfig, mesh_shape: dict, work: Workload, device_bytes: float
   d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
   heads_dev = -(-cfg.num_heads // tensor) if cfg.num_heads % tensor == 0 else cfg.num_heads
   # Saved per token per layer for the backward pass: residual, 2 norms, q/k/v/o (~6d),
-  # the MLP's gate, up and activation (3f), and the attention probabilities (heads x seq).
+  # the MLP's gate, up and activation (3f), and what attention keeps: the reference core
+  # its float32 probabilities (heads x seq), a fused core (xla / cudnn / flash) only a
+  # float32 log-sum-exp per head. (The 'xla' core on GPU builds the probabilities inside
+  # the kernel call but frees them; counted as fused.)
+  impl = attention.resolve(cfg.attention, as_dtype(cfg.dtype), work.backend)
+  attn_saved = heads_dev * seq * 4 if impl == "reference" else heads_dev * 4
   if work.prompts % work.micro_batches or (work.prompts // work.micro_batches) % rows_div:
     raise ValueError(f"micro_batches={work.micro_batches} must leave a whole number of prompts per "
                      f"data x fsdp device in each slice ({work.prompts} prompts, {rows_div} devices)")
   micro_rows = rows_dev // work.micro_batches  # rows whose activations live at once
-  per_layer = micro_rows * seq * ((6 * d + 3 * f / tensor) * act_bytes + heads_dev * seq * 4)
+  per_layer = micro_rows * seq * ((6 * d + 3 * f / tensor) * act_bytes + attn_saved)
   layers_saved = 1 if work.remat else L
   acts = per_layer * layers_saved + (micro_rows * seq * d * act_bytes * L if work.remat else 0)
-  logits = micro_rows * work.new_tokens * cfg.vocab_size * 4 / (tensor if cfg.vocab_size % tensor == 0 else 1)
+  # float32 logits: all T completion tokens on CPU; on an accelerator the update makes them in
+  # chunks of `steps.auto_chunk(T)` tokens (a chunk and its gradient live at once).
+  logit_tokens = work.new_tokens if work.backend == "cpu" else 2 * _auto_chunk(work.new_tokens)
+  logits = micro_rows * logit_tokens * cfg.vocab_size * 4 / (tensor if cfg.vocab_size % tensor == 0 else 1)
   kv_heads_dev = cfg.num_kv_heads // tensor if cfg.num_kv_heads % tensor == 0 else cfg.num_kv_heads
   kv = rows_dev * seq * L * 2 * kv_heads_dev * cfg.head_dim * act_bytes
   train_total = p_dev + opt + grads + acts + logits
   sample_total = p_dev + opt + kv + rows_dev * cfg.vocab_size * 4
   out = {"devices": ndev, "mesh": dict(mesh_shape), "params": n_params, "param_bytes_total": p_total,
          "param_bytes": p_dev, "optimizer_bytes": opt, "grad_bytes": grads, "activation_bytes": acts,
-         "logit_bytes": logits, "kv_cache_bytes": kv, "update_peak_bytes": train_total,
+         "attention": impl, "logit_bytes": logits, "kv_cache_bytes": kv, "update_peak_bytes": train_total,
          "sampling_peak_bytes": sample_total, "rows_per_device": rows_dev, "micro_rows": micro_rows,
          "activation_note": "activations, logits and KV cache are shape estimates; params and "
                             "optimizer state are exact"}
@@ -125,7 +150,7 @@ def format_plan(name: str, p: dict) -> str:
            f"  params        {g(p['param_bytes'])}   (total {p['param_bytes_total'] / GIB:.2f} GiB)",
            f"  optimizer     {g(p['optimizer_bytes'])}   (AdamW mu + nu)",
            f"  gradients     {g(p['grad_bytes'])}",
-           f"  activations   {g(p['activation_bytes'])}   (estimate)",
+           f"  activations   {g(p['activation_bytes'])}   (estimate; attention core {p['attention']!r})",
            f"  logits f32    {g(p['logit_bytes'])}   (estimate)",
            f"  KV cache      {g(p['kv_cache_bytes'])}   (estimate)",
            f"  update peak   {g(p['update_peak_bytes'])}",
@@ -159,10 +184,13 @@ def main(argv=None):
   ap.add_argument("--dtype", default="bfloat16")
   ap.add_argument("--remat", action="store_true")
   ap.add_argument("--micro_batches", type=int, default=1)
+  ap.add_argument("--backend", default="gpu", choices=("cpu", "gpu", "tpu"),
+                  help="where the update runs: picks the attention core ('auto') and log-prob chunks")
+  ap.add_argument("--attention", default="auto", choices=ATTENTION)
   args = ap.parse_args(argv)
   mesh = _parse_mesh(args.mesh)
   work = Workload(args.prompts, args.group, args.prompt_len, args.new_tokens, args.remat,
-                  args.micro_batches)
+                  args.micro_batches, args.backend)
   if args.config:
     import importlib.util, json, os
     path, _, arg = args.config.partition(":")
@@ -175,13 +203,15 @@ def main(argv=None):
       cfg = config_from_hf(json.load(fh), dtype=c.model.dtype, param_dtype=c.model.param_dtype)
     mesh = {k: v for k, v in dict(c.mesh).items() if v != -1} or mesh
     work = Workload(c.rl.prompts_per_step, c.rl.group_size, c.model.max_prompt_len,
-                    c.model.max_new_tokens, c.model.remat, c.rl.micro_batches or 1)  # 0: auto, 1 off CPU
+                    c.model.max_new_tokens, c.model.remat, c.rl.micro_batches or 1,  # 0: auto, 1 off CPU
+                    args.backend)
     name = c.model.init
   elif args.model:
     cfg = ModelConfig(**MODELS[args.model], dtype=args.dtype, param_dtype="float32")
     name = args.model
   else:
     ap.error("give --model or --config")
+  cfg = cfg.replace(attention=args.attention) if args.attention != "auto" else cfg
   p = plan(cfg, mesh, work, args.device_gib * GIB)
   print(format_plan(name, p))
   if not p["fits"]:

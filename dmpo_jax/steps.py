@@ -17,25 +17,19 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from dmpo_jax.models import positions
+from dmpo_jax.models.transformer import dense
 from dmpo_jax.objectives import common, flowrl, presets
 
 TRACES: collections.Counter = collections.Counter()  # compilations per step function
 
 
 def sequence_inputs(prompt_mask, completion_len: int):
-  """Positions [B, P+T] and attention mask [B, P+T, P+T] matching the sampler's.
-
-  Prompts are left-padded (prompt_mask [B, P]); completion slots are all valid
-  keys, as in the sampler's decode, and positions count each row's own tokens.
-  """
-  b, p = prompt_mask.shape
-  plen = prompt_mask.sum(-1).astype(jnp.int32)
-  pos = jnp.concatenate([jnp.maximum(jnp.cumsum(prompt_mask, -1) - 1, 0),
-                         plen[:, None] + jnp.arange(completion_len)[None]], axis=1).astype(jnp.int32)
-  valid = jnp.concatenate([prompt_mask.astype(bool), jnp.ones((b, completion_len), bool)], axis=1)
-  n = p + completion_len
-  causal = jnp.tril(jnp.ones((n, n), bool))
-  return pos, valid[:, None, :] & causal[None]
+  """Positions [B, P+T] and pad offsets [B] of prompt + completion rows, as the sampler
+  decodes them (`dmpo_jax.models.positions.sequence_layout`: left-padded prompts,
+  prompt_mask [B, P]; every completion slot a valid key; positions count each row's
+  own tokens). The model builds causal + padding attention from the offsets."""
+  return positions.sequence_layout(prompt_mask, completion_len)
 
 
 def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
@@ -43,6 +37,10 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
   """logprob_fn(params, seqs) -> {"logprobs", "entropy"[, "log_z"]}, shapes [..., T].
 
   seqs: {"tokens": [..., P+T] (prompt then completion), "prompt_mask": [..., P]}.
+  chunk: completion tokens per output-projection chunk; each chunk's float32
+  logits [B, chunk, V] are made, reduced to log-probs (and entropy) and
+  recomputed in the backward pass, so the full [B, T, V] never exists. None:
+  whole T on CPU, `auto_chunk(T)` on an accelerator.
   """
 
   def fn(params, seqs):
@@ -51,14 +49,14 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
     t = n - prompt_len
     tok = tokens.reshape(-1, n)
     pm = pmask.reshape(-1, prompt_len)
-    pos, mask = sequence_inputs(pm, t)
+    pos, offsets = sequence_inputs(pm, t)
     model = nnx.merge(graphdef, params["model"])
-    h, _ = model.hidden(tok[:, :-1], pos[:, :-1], mask=mask[:, :-1, :-1])  # [B, P+T-1, D]
-    logits = model.unembed(h[:, prompt_len - 1:])  # predicts the T completion tokens
-    lp = common.token_logprobs(logits, tok[:, prompt_len:], temperature=temperature, chunk=chunk)
+    h, _ = model.hidden(tok[:, :-1], pos[:, :-1], offsets=offsets)  # [B, P+T-1, D]
+    c = chunk if chunk is not None else (t if jax.default_backend() == "cpu" else auto_chunk(t))
+    lp, ent = _completion_logprobs(model.unembed_weight(), h[:, prompt_len - 1:],
+                                   tok[:, prompt_len:], temperature, min(c, t), entropy)
     out = {"logprobs": lp.reshape(lead + (t,))}
     if entropy:
-      ent = common.token_entropy(jax.lax.stop_gradient(logits), temperature=temperature)
       out["entropy"] = ent.reshape(lead + (t,))
     if "log_z" in params:
       lz = flowrl.log_z_head(params["log_z"], h[:, :prompt_len], pm)
@@ -66,6 +64,33 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
     return out
 
   return fn
+
+
+def auto_chunk(t: int, target: int = 128) -> int:
+  """The largest divisor of T that is <= target: the log-prob chunk on accelerators."""
+  return max(c for c in range(1, min(t, target) + 1) if t % c == 0)
+
+
+def _completion_logprobs(w, h, tokens, temperature: float, chunk: int, entropy: bool):
+  """Hidden h [B, T, D] (compute dtype), projection w [D, V], tokens [B, T] -> float32 token
+  log-probs and entropies [B, T], over T in chunks (one chunk's float32 logits at a time)."""
+
+  def piece(hc, tc):
+    logits = dense(hc, w.astype(hc.dtype), preferred_element_type=jnp.float32)  # [B, c, V]
+    lp = common.token_logprobs(logits, tc, temperature=temperature)
+    ent = (common.token_entropy(jax.lax.stop_gradient(logits), temperature=temperature)
+           if entropy else jnp.zeros_like(lp))
+    return lp, ent
+
+  b, t, d = h.shape
+  if chunk >= t:
+    return piece(h, tokens)
+  if t % chunk:
+    raise ValueError(f"chunk ({chunk}) must divide the completion length T ({t})")
+  hs = h.reshape(b, t // chunk, chunk, d).transpose(1, 0, 2, 3)  # [T/c, B, c, D]
+  ts = tokens.reshape(b, t // chunk, chunk).transpose(1, 0, 2)
+  lp, ent = jax.lax.map(lambda a: jax.checkpoint(piece)(*a), (hs, ts))  # [T/c, B, c]
+  return (lp.transpose(1, 0, 2).reshape(b, t), ent.transpose(1, 0, 2).reshape(b, t))
 
 
 def _all_finite(tree):

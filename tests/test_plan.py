@@ -46,3 +46,28 @@ def test_real_model_parameter_counts():
     cfg = ModelConfig(**plan.MODELS[name], dtype="bfloat16")
     p = plan.plan(cfg, {"data": 1, "fsdp": 8, "tensor": 1}, plan.Workload())
     assert p["params"] / 1e9 == pytest.approx(billions, abs=0.001)
+
+
+def test_llama3_and_qwen3_parameter_counts():
+  # Published sizes: Llama 3.1 8B 8,030,261,248; Llama 3.2 1B 1,235,814,400; Qwen3-8B 8,190,735,360.
+  for name, count in (("llama3.1-8b", 8030261248), ("llama3.2-1b", 1235814400),
+                      ("qwen3-8b", 8190735360)):
+    assert ModelConfig(**plan.MODELS[name]).num_params() == count, name
+
+
+def test_activation_estimate_follows_the_attention_core():
+  """The reference core saves [heads, seq] float32 probabilities per token and layer, a fused
+  core does not; on an accelerator the update's logits are chunked."""
+  cfg = ModelConfig(**plan.MODELS["qwen2.5-0.5b"], dtype="bfloat16")
+  work = dict(prompts=8, group=8, prompt_len=512, new_tokens=512)
+  mesh = {"data": 1, "fsdp": 8, "tensor": 1}
+  gpu = plan.plan(cfg, mesh, plan.Workload(**work, backend="gpu"))
+  ref = plan.plan(cfg.replace(attention="reference"), mesh, plan.Workload(**work, backend="gpu"))
+  cpu = plan.plan(cfg, mesh, plan.Workload(**work, backend="cpu"))
+  assert (gpu["attention"], ref["attention"], cpu["attention"]) == ("cudnn", "reference", "reference")
+  rows, seq = gpu["micro_rows"], 1024
+  probs = rows * seq * cfg.num_heads * seq * 4 * cfg.num_layers
+  assert ref["activation_bytes"] - gpu["activation_bytes"] == pytest.approx(
+      probs - rows * seq * cfg.num_heads * 4 * cfg.num_layers)
+  assert cpu["logit_bytes"] == rows * 512 * cfg.vocab_size * 4
+  assert gpu["logit_bytes"] == rows * 2 * 128 * cfg.vocab_size * 4

@@ -169,3 +169,32 @@ def test_decode_phases_change_nothing_but_speed():
   np.testing.assert_array_equal(np.asarray(outs[4].tokens), np.asarray(outs[1].tokens))
   np.testing.assert_array_equal(np.asarray(outs[4].mask), np.asarray(outs[1].mask))
   np.testing.assert_allclose(np.asarray(outs[4].logprobs), np.asarray(outs[1].logprobs), atol=1e-6)
+
+
+@pytest.mark.parametrize("attention", ["reference", pytest.param("xla", marks=pytest.mark.slow)])
+def test_update_recomputes_the_samplers_logprobs_on_left_padded_batch(attention):
+  """PPO ratio 1 at the first step: the update's log-probs (steps.make_logprob_fn) of a
+  freshly sampled batch with mixed prompt lengths equal the sampler's, through the one
+  definition of padding and positions (models.positions)."""
+  from dmpo_jax import steps
+
+  model = tiny_model(scale=3.0, attention=attention)
+  prompts = random_prompts(4, 1, 9, 61, seed=7)  # lengths differ: 1..9 tokens
+  assert len({len(p) for p in prompts}) > 2
+  r, t, temp = 3, 10, 0.8
+  tokens, pmask = sampling.pad_prompts(prompts, prompt_length=11)  # extra padding for all
+  graphdef, params = nnx.split(model)
+  cfg = sampling.SamplingConfig(max_new_tokens=t, num_samples=r, temperature=temp)
+  out = sampling.sample(graphdef, params, jnp.asarray(tokens), jnp.asarray(pmask),
+                        jax.random.key(3), cfg)
+  seqs = {"tokens": jnp.concatenate([jnp.repeat(tokens, r, 0), out.tokens], axis=1),
+          "prompt_mask": jnp.repeat(jnp.asarray(pmask), r, 0)}
+  fn = jax.jit(steps.make_logprob_fn(graphdef, 11, temperature=temp, entropy=False))
+  new = fn({"model": params}, seqs)["logprobs"]
+  mask = np.asarray(out.mask, bool)
+  ratio = np.exp(np.asarray(new) - np.asarray(out.logprobs))[mask]
+  assert mask.sum() > 20
+  np.testing.assert_allclose(ratio, 1.0, atol=1e-5)
+  # The offsets matter: the same tokens without the left padding's offsets differ.
+  wrong = {"tokens": seqs["tokens"], "prompt_mask": jnp.ones_like(seqs["prompt_mask"])}
+  assert np.abs(np.asarray(fn({"model": params}, wrong)["logprobs"]) - new)[mask].max() > 1e-3

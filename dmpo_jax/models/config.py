@@ -1,4 +1,4 @@
-"""ModelConfig: the frozen description of a decoder-only transformer (Llama / Qwen2)."""
+"""ModelConfig: the frozen description of a decoder-only transformer (Llama / Qwen2 / Qwen3)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from typing import Any
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+ARCHITECTURES = ("qwen2", "llama", "qwen3")
+ROPE_TYPES = ("default", "llama3")
+ATTENTION = ("auto", "reference", "xla", "cudnn", "flash")  # see models.attention
 
 
 def as_dtype(name: Any):
@@ -23,7 +26,7 @@ def as_dtype(name: Any):
 class ModelConfig:
   """Shapes and numerics of the decoder.
 
-  Shape names (STYLE.md 7): V vocab, D model dim, F ffn dim, N query heads,
+  Shape names: V vocab, D model dim, F ffn dim, N query heads,
   K kv heads, H head dim.
   """
 
@@ -41,8 +44,16 @@ class ModelConfig:
   max_position_embeddings: int = 4096
   param_dtype: str = "float32"
   dtype: str = "float32"  # compute dtype; norms, softmax and log-probs stay float32
-  architecture: str = "qwen2"  # 'qwen2' | 'llama': which HF class save() writes
+  architecture: str = "qwen2"  # 'qwen2' | 'llama' | 'qwen3': which HF class save() writes
   remat: bool = False  # recompute each layer's activations in the backward pass (memory for FLOPs)
+  qk_norm: bool = False  # Qwen3: RMSNorm over each query / key head before RoPE
+  rope_type: str = "default"  # 'default' | 'llama3' (Llama 3.x frequency scaling)
+  rope_factor: float = 8.0  # llama3 scaling: factor, low / high frequency factors,
+  rope_low_freq_factor: float = 1.0  # and the context length the frequencies were
+  rope_high_freq_factor: float = 4.0  # trained for
+  rope_original_max_position: int = 8192
+  mrope_section: tuple[int, ...] | None = None  # multimodal RoPE: frequencies per stream (sum H/2)
+  attention: str = "auto"  # attention core: 'auto' | 'reference' | 'xla' | 'cudnn' | 'flash'
 
   def __post_init__(self):
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -64,9 +75,18 @@ class ModelConfig:
       raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
     as_dtype(self.param_dtype)
     as_dtype(self.dtype)
-    if self.architecture not in ("qwen2", "llama"):
+    if self.architecture not in ARCHITECTURES:
       raise ValueError(
-          f"ModelConfig.architecture must be 'qwen2' or 'llama', got {self.architecture!r}")
+          f"ModelConfig.architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
+    if self.rope_type not in ROPE_TYPES:
+      raise ValueError(f"ModelConfig.rope_type must be one of {ROPE_TYPES}, got {self.rope_type!r}")
+    if self.attention not in ATTENTION:
+      raise ValueError(f"ModelConfig.attention must be one of {ATTENTION}, got {self.attention!r}")
+    if self.mrope_section is not None:
+      object.__setattr__(self, "mrope_section", tuple(int(x) for x in self.mrope_section))
+      if sum(self.mrope_section) != self.head_dim // 2:
+        raise ValueError(f"ModelConfig.mrope_section {self.mrope_section} must sum to "
+                         f"head_dim / 2 = {self.head_dim // 2}")
 
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
@@ -75,6 +95,7 @@ class ModelConfig:
     d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
     n, k = self.num_heads, self.num_kv_heads
     attn = d * n * h * 2 + d * k * h * 2 + (n * h + 2 * k * h) * self.qkv_bias
+    attn += 2 * h * self.qk_norm
     layer = attn + 3 * d * f + 2 * d
     head = 0 if self.tie_embeddings else self.vocab_size * d
     return self.num_layers * layer + self.vocab_size * d + d + head

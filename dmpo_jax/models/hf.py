@@ -1,6 +1,6 @@
 """Hugging Face checkpoints <-> our Flax model, from and to local folders.
 
-`load(path)` reads config.json (Qwen2 / Llama families), `*.safetensors`
+`load(path)` reads config.json (Qwen2, Qwen3 dense, Llama 2 / 3.x families), `*.safetensors`
 (one file, or shards listed in model.safetensors.index.json) and the
 tokenizer (through transformers.AutoTokenizer) from a local folder; nothing
 is fetched from a hub. `save(model, tokenizer, path)` writes a folder that
@@ -26,7 +26,12 @@ from flax import nnx
 from dmpo_jax.models.config import ModelConfig, as_dtype
 from dmpo_jax.models.transformer import Transformer
 
-SUPPORTED = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+SUPPORTED = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
+             "qwen3": "Qwen3ForCausalLM"}
+# Known relatives that are refused by name (what they add is not implemented).
+_REFUSED = {"qwen3_moe": "Qwen3 mixture-of-experts", "qwen2_moe": "Qwen2 mixture-of-experts",
+            "mistral": "Mistral (sliding-window attention)", "mixtral": "Mixtral (mixture-of-experts)"}
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # HF buffers that carry no learned weights.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -39,20 +44,22 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
                    param_dtype: str | None = None) -> ModelConfig:
   """A HF config.json dict -> ModelConfig; refuses what the model does not implement."""
   model_type = hf.get("model_type")
+  if model_type in _REFUSED:
+    raise CheckpointError(f"unsupported architecture model_type={model_type!r} "
+                          f"({_REFUSED[model_type]}); supported: {sorted(SUPPORTED)}")
   if model_type not in SUPPORTED:
     raise CheckpointError(
         f"unsupported architecture model_type={model_type!r} "
         f"(architectures={hf.get('architectures')}); supported: {sorted(SUPPORTED)}")
-  rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-  rope_type = rope.get("rope_type", rope.get("type", "default"))
-  if rope_type not in (None, "default"):
-    raise CheckpointError(f"unsupported rope scaling {rope_type!r} in config.json; only "
-                          "plain RoPE is implemented")
-  theta = hf.get("rope_theta", rope.get("rope_theta", 10000.0))
-  if model_type == "llama" and (hf.get("attention_bias") or hf.get("mlp_bias")):
-    raise CheckpointError("Llama with attention_bias or mlp_bias is not supported")
+  rope = _rope_from_hf(hf)
+  if model_type in ("llama", "qwen3") and (hf.get("attention_bias") or hf.get("mlp_bias")):
+    raise CheckpointError(f"{model_type} with attention_bias or mlp_bias is not supported")
   if hf.get("use_sliding_window"):
     raise CheckpointError("sliding-window attention (use_sliding_window=true) is not supported")
+  layer_types = set(hf.get("layer_types") or ["full_attention"])
+  if layer_types != {"full_attention"}:
+    raise CheckpointError(f"unsupported layer_types {sorted(layer_types)} in config.json; only "
+                          "'full_attention' is implemented")
   act = hf.get("hidden_act", "silu")
   if act != "silu":
     raise CheckpointError(f"unsupported hidden_act {act!r}; only 'silu' (SwiGLU) is implemented")
@@ -65,15 +72,36 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
       num_heads=num_heads,
       num_kv_heads=hf.get("num_key_value_heads") or num_heads,
       head_dim=hf.get("head_dim"),
-      rope_theta=float(theta),
+      **rope,
       rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
       qkv_bias=model_type == "qwen2",
+      qk_norm=model_type == "qwen3",
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
       max_position_embeddings=hf.get("max_position_embeddings", 4096),
       param_dtype=param_dtype or dtype,
       dtype=dtype,
       architecture=model_type,
   )
+
+
+def _rope_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
+  """The RoPE fields of ModelConfig from config.json (`rope_scaling` in checkpoints,
+  `rope_parameters` as transformers 5 writes them); other rope types refused by name."""
+  rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+  rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
+  theta = float(hf.get("rope_theta", rope.get("rope_theta", 10000.0)))
+  if rope_type == "default":
+    return {"rope_theta": theta}
+  if rope_type != "llama3":
+    raise CheckpointError(f"unsupported rope scaling {rope_type!r} in config.json; implemented: "
+                          "plain RoPE ('default') and 'llama3'")
+  missing = [k for k in _LLAMA3_KEYS if k not in rope]
+  if missing:
+    raise CheckpointError(f"rope scaling 'llama3' in config.json lacks {missing}")
+  return {"rope_theta": theta, "rope_type": "llama3", "rope_factor": float(rope["factor"]),
+          "rope_low_freq_factor": float(rope["low_freq_factor"]),
+          "rope_high_freq_factor": float(rope["high_freq_factor"]),
+          "rope_original_max_position": int(rope["original_max_position_embeddings"])}
 
 
 def config_to_hf(cfg: ModelConfig, tokenizer=None) -> dict[str, Any]:
@@ -95,12 +123,23 @@ def config_to_hf(cfg: ModelConfig, tokenizer=None) -> dict[str, Any]:
       "max_position_embeddings": cfg.max_position_embeddings,
       "torch_dtype": cfg.param_dtype,
   }
-  if cfg.architecture == "llama":
+  if cfg.rope_type == "llama3":
+    hf["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.rope_factor,
+                          "low_freq_factor": cfg.rope_low_freq_factor,
+                          "high_freq_factor": cfg.rope_high_freq_factor,
+                          "original_max_position_embeddings": cfg.rope_original_max_position}
+  if cfg.mrope_section is not None:
+    raise CheckpointError("multimodal RoPE (mrope_section) has no text-only HF class to save as")
+  if cfg.architecture in ("llama", "qwen3"):
     if cfg.qkv_bias:
-      raise CheckpointError("a Llama checkpoint cannot carry QKV biases; use architecture='qwen2'")
+      raise CheckpointError(f"a {cfg.architecture} checkpoint cannot carry QKV biases; use "
+                            "architecture='qwen2'")
     hf.update(attention_bias=False, mlp_bias=False)
   elif not cfg.qkv_bias:
     raise CheckpointError("a Qwen2 checkpoint needs qkv_bias=True; use architecture='llama'")
+  if cfg.qk_norm != (cfg.architecture == "qwen3"):
+    raise CheckpointError(f"qk_norm={cfg.qk_norm} does not fit architecture={cfg.architecture!r} "
+                          "(only Qwen3 normalises q and k)")
   if tokenizer is not None:
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
       value = getattr(tokenizer, name, None)
@@ -124,6 +163,9 @@ def _name_map(cfg: ModelConfig) -> dict[tuple, tuple[str, bool]]:
     if cfg.qkv_bias:
       for ours, theirs in (("q_bias", "q_proj"), ("k_bias", "k_proj"), ("v_bias", "v_proj")):
         m[("layers", i, "attn", ours)] = (p + f"self_attn.{theirs}.bias", False)
+    if cfg.qk_norm:
+      for ours, theirs in (("q_norm", "q_norm"), ("k_norm", "k_norm")):
+        m[("layers", i, "attn", ours, "scale")] = (p + f"self_attn.{theirs}.weight", False)
     for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
       m[("layers", i, "mlp", ours)] = (p + f"mlp.{theirs}.weight", True)
   return m

@@ -1,12 +1,13 @@
-"""A decoder-only transformer in Flax NNX covering the Llama and Qwen2 families.
+"""A decoder-only transformer in Flax NNX covering the Llama (2, 3.x), Qwen2 and Qwen3 families.
 
-RMSNorm, rotary embeddings (HF's rotate-half layout, the config's theta),
+RMSNorm, rotary embeddings (HF's rotate-half layout, the config's theta, Llama 3
+scaling, multimodal sections), optional per-head q/k RMSNorm (Qwen3),
 grouped-query attention with an optional explicit KV cache, SwiGLU MLP,
 optional QKV bias, tied or untied embeddings, separate parameter and
 compute dtypes. Every parameter carries logical axis names (`out_sharding`
 metadata) that `dmpo_jax.sharding` maps to mesh axes.
 
-Shapes (STYLE.md 7): B batch, L tokens in this call, S key/cache length,
+Shapes: B batch, L tokens in this call, S key/cache length,
 D model, F ffn, N query heads, K kv heads, H head dim, V vocab.
 """
 
@@ -16,8 +17,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from dmpo_jax.models import attention
+from dmpo_jax.models import positions as positions_lib
 from dmpo_jax.models.config import ModelConfig, as_dtype
 
 # One layer's cache: {"k": [B, K, H, S], "v": [B, K, S, H]}, optionally with a
@@ -27,7 +31,8 @@ from dmpo_jax.models.config import ModelConfig, as_dtype
 # so that the cache stays a plain pytree of arrays.
 Cache = tuple[dict[str, jax.Array], ...]
 
-_NEG_INF = -1e30  # finite: a fully masked row must not produce NaNs
+_NEG_INF = attention.NEG_INF
+attend = attention.attend  # re-exported: the reference core
 
 
 def _param(rngs: nnx.Rngs, shape, dtype, names, scale: float | None = None, zeros=False):
@@ -69,12 +74,46 @@ def dense(x, w, **kw):
   return y.reshape(*x.shape[:-1], w.shape[-1])
 
 
-def rope_tables(positions, head_dim: int, theta: float):
-  """Rotary tables for `rope`: ([cos, cos], [-sin, sin]), each [B, L, 1, H], for positions
-  [B, L]. Computed once per forward and shared by every layer (per layer, XLA:CPU fused
-  the sin and cos into each consumer: the benchmark rollout took 15-25% longer)."""
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-  freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, L, H/2]
+def inv_frequencies(cfg: ModelConfig):
+  """RoPE inverse frequencies [H/2] float32: theta ** (-2i / H), rescaled for 'llama3'.
+
+  Llama 3's scaling (arXiv 2407.21783) divides the frequencies whose wavelength
+  exceeds original_max / low_freq_factor by `factor`, keeps those shorter than
+  original_max / high_freq_factor, and interpolates smoothly in between.
+  """
+  h = cfg.head_dim
+  inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+  if cfg.rope_type == "llama3":
+    factor, low, high = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    old = cfg.rope_original_max_position
+    wavelen = 2 * jnp.pi / inv
+    scaled = jnp.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    medium = (wavelen >= old / high) & (wavelen <= old / low)
+    inv = jnp.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+  return inv
+
+
+def rope_tables(positions, cfg: ModelConfig):
+  """Rotary tables for `rope`: ([cos, cos], [-sin, sin]), each [B, L, 1, H].
+
+  positions [B, L], or [R, B, L] for multimodal RoPE (Qwen2-VL, arXiv 2409.12191):
+  the H/2 frequencies are split into `cfg.mrope_section` consecutive chunks and
+  chunk i rotates by stream i % R (temporal, height, width). Computed once per
+  forward and shared by every layer (per layer, XLA:CPU fused the sin and cos
+  into each consumer: the benchmark rollout took 15-25% longer).
+  """
+  inv_freq = inv_frequencies(cfg)
+  if positions.ndim == 3:
+    if cfg.mrope_section is None:
+      raise ValueError(f"positions {positions.shape} have several streams but "
+                       "ModelConfig.mrope_section is not set")
+    streams = positions.shape[0]
+    owner = np.concatenate([np.full(n, i % streams) for i, n in enumerate(cfg.mrope_section)])
+    pos = jnp.moveaxis(positions[owner], 0, -1).astype(jnp.float32)  # [B, L, H/2]
+    freqs = pos * inv_freq
+  else:
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, L, H/2]
   cos, sin = jnp.cos(freqs), jnp.sin(freqs)
   return (jnp.concatenate([cos, cos], axis=-1)[:, :, None, :],
           jnp.concatenate([-sin, sin], axis=-1)[:, :, None, :])
@@ -96,42 +135,6 @@ def rope(x, tables):
   return (x32 * cos + swapped * sin).astype(x.dtype)
 
 
-@jax.custom_vjp
-def attend(q, k, v, mask):
-  """Softmax attention core: q [B, K, Q, H], k [B, K, H, S], v [B, K, S, H], mask [B, 1, Q, S]
-  bool -> [B, K, Q, H]. Logits and softmax in float32, scaled by H ** -0.5.
-
-  A hand-written backward (the standard one: dP = dO V^T, dS = P * (dP - rowsum(dO * O)))
-  saves several passes over the [B, K, Q, S] tensors that autodiff of the
-  masked softmax makes: the attention core's forward + backward ran ~1.5x
-  faster on XLA:CPU. tests/test_models.py checks it against autodiff.
-  """
-  return _attend_fwd(q, k, v, mask)[0]
-
-
-def _attend_fwd(q, k, v, mask):
-  logits = jnp.einsum("bkqh,bkhs->bkqs", q, k, preferred_element_type=jnp.float32)
-  logits = jnp.where(mask, logits * (q.shape[-1] ** -0.5), _NEG_INF)
-  probs = jax.nn.softmax(logits, axis=-1)  # float32
-  out = jnp.einsum("bkqs,bksh->bkqh", probs.astype(q.dtype), v)
-  return out, (q, k, v, mask, probs, out)
-
-
-def _attend_bwd(res, d_out):
-  q, k, v, mask, probs, out = res
-  dt, f32 = q.dtype, jnp.float32
-  d_v = jnp.einsum("bkqs,bkqh->bksh", probs.astype(dt), d_out)
-  d_probs = jnp.einsum("bkqh,bksh->bkqs", d_out, v, preferred_element_type=f32)
-  delta = jnp.sum(d_out.astype(f32) * out.astype(f32), axis=-1, keepdims=True)
-  d_logits = jnp.where(mask, probs * (d_probs - delta) * (q.shape[-1] ** -0.5), 0.0).astype(dt)
-  d_q = jnp.einsum("bkqs,bkhs->bkqh", d_logits, k)
-  d_k = jnp.einsum("bkqh,bkqs->bkhs", q, d_logits)
-  return d_q, d_k, d_v, None
-
-
-attend.defvjp(_attend_fwd, _attend_bwd)
-
-
 class Attention(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -146,11 +149,16 @@ class Attention(nnx.Module):
       self.q_bias = _param(rngs, (n * h,), pd, ("heads",), zeros=True)
       self.k_bias = _param(rngs, (k * h,), pd, ("kv_heads",), zeros=True)
       self.v_bias = _param(rngs, (k * h,), pd, ("kv_heads",), zeros=True)
+    if cfg.qk_norm:  # Qwen3: RMSNorm over each head's H features, before RoPE
+      self.q_norm = RMSNorm(h, cfg.rms_norm_eps, pd, rngs=rngs)
+      self.k_norm = RMSNorm(h, cfg.rms_norm_eps, pd, rngs=rngs)
 
-  def __call__(self, x, rope_tabs, mask, layer_cache=None, cache_index=None):
-    """x [B, L, D]; rope_tabs from `rope_tables`; mask [B, L, S] bool, or [B, L, P + S] with
-    a shared prefix in the cache;
-    layer_cache {'k': [B, K, H, S], 'v': [B, K, S, H]} (+ 'prefix_k', 'prefix_v')."""
+  def __call__(self, x, rope_tabs, mask, layer_cache=None, cache_index=None, offsets=None,
+               fused=False):
+    """x [B, L, D]; rope_tabs from `rope_tables`; mask [B, L, S] bool (`positions.visible`),
+    or [B, L, P + S] with a shared prefix in the cache; offsets [B] (the rows' pad offsets);
+    layer_cache {'k': [B, K, H, S], 'v': [B, K, S, H]} (+ 'prefix_k', 'prefix_v');
+    fused: use the config's attention implementation (the keys are this call's tokens)."""
     cfg = self.cfg
     dt = x.dtype
     b, l, _ = x.shape
@@ -163,9 +171,20 @@ class Attention(nnx.Module):
       return y.reshape(b, l, heads, h)
 
     bias = lambda name: getattr(self, name) if cfg.qkv_bias else None
-    q = rope(proj(self.q, bias("q_bias"), n), rope_tabs)  # [B, L, N, H]
-    kk = rope(proj(self.k, bias("k_bias"), k), rope_tabs)  # [B, L, K, H]
+    q, kk = proj(self.q, bias("q_bias"), n), proj(self.k, bias("k_bias"), k)
+    if cfg.qk_norm:
+      q, kk = self.q_norm(q), self.k_norm(kk)
+    q = rope(q, rope_tabs)  # [B, L, N, H]
+    kk = rope(kk, rope_tabs)  # [B, L, K, H]
     vv = proj(self.v, bias("v_bias"), k)
+    impl = attention.resolve(cfg.attention, dt)
+    if fused and impl != "reference":
+      out = attention.core(impl)(q, kk, vv, mask, offsets).reshape(b, l, n * h)
+      new_cache = None
+      if layer_cache is not None:  # a prefill: the whole cache is this call's keys
+        new_cache = dict(layer_cache, k=kk.transpose(0, 2, 3, 1).astype(layer_cache["k"].dtype),
+                         v=vv.transpose(0, 2, 1, 3).astype(layer_cache["v"].dtype))
+      return dense(out, self.o[...].astype(dt)), new_cache
 
     # Keys are kept as [B, K, H, S] and values as [B, K, S, H]: both attention
     # dots are then plain row-major matmuls per (b, k), which XLA:CPU runs ~4x
@@ -183,17 +202,11 @@ class Attention(nnx.Module):
       kk, vv = kk.astype(dt), vv.astype(dt)
     prefix = layer_cache is not None and "prefix_k" in layer_cache
 
-    # Grouped-query attention without repeating K/V: query head n = k * G + g
-    # uses kv head k (HF's repeat_kv order). The G query heads of one kv head
-    # and the L queries share one axis Q = G * L, so each attention is one
-    # 4-D batched dot [B, K, Q, H] x [B, K, H, S] (5-D einsums ran ~4x slower
-    # on XLA:CPU).
     g = n // k
-    q = q.reshape(b, l, k, g, h).transpose(0, 2, 3, 1, 4).reshape(b, k, g * l, h)
-    s = mask.shape[-1]
-    qmask = jnp.broadcast_to(mask[:, None, None], (b, 1, g, l, s)).reshape(b, 1, g * l, s)
+    q = attention.grouped_queries(q, k)  # [B, K, G*L, H]
+    qmask = attention.grouped_mask(mask, g)  # [B, 1, G*L, S]
     if not prefix:
-      out = attend(q, kk, vv, qmask)  # [B, K, G*L, H]
+      out = attention.attend(q, kk, vv, qmask)  # [B, K, G*L, H]
     else:
       # The shared prefix: row i * R + r reads prefix row i, each prefix key once
       # per group. The prefix is small (prompt slots x prompts), so broadcast,
@@ -211,7 +224,7 @@ class Attention(nnx.Module):
       prefix_out = (grouped(probs[..., :p]).astype(f32)[..., None] * pv[:, None, :, None]).sum(4)
       out = (prefix_out.reshape(b, k, g * l, h).astype(dt)
              + jnp.einsum("bkqs,bksh->bkqh", probs[..., p:], vv))
-    out = out.reshape(b, k, g, l, h).transpose(0, 3, 1, 2, 4).reshape(b, l, n * h)
+    out = attention.ungrouped(out, n)  # [B, L, N*H]
     return dense(out, self.o[...].astype(dt)), new_cache
 
 
@@ -261,8 +274,10 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs=rngs)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, rope_tabs, mask, layer_cache=None, cache_index=None):
-    a, new_cache = self.attn(self.attn_norm(x), rope_tabs, mask, layer_cache, cache_index)
+  def __call__(self, x, rope_tabs, mask, layer_cache=None, cache_index=None, offsets=None,
+               fused=False):
+    a, new_cache = self.attn(self.attn_norm(x), rope_tabs, mask, layer_cache, cache_index,
+                             offsets, fused)
     x = x + a
     x = x + self.mlp(self.mlp_norm(x))
     return x, new_cache
@@ -297,48 +312,68 @@ class Transformer(nnx.Module):
     empty = self.init_cache(rows, length, prefix[0]["k"].dtype)
     return tuple(dict(e, prefix_k=pre["k"], prefix_v=pre["v"]) for e, pre in zip(empty, prefix))
 
-  def hidden(self, tokens, positions=None, *, mask=None, cache: Cache | None = None,
-             cache_index=None):
+  def _layout(self, b: int, l: int, offsets, cache: Cache | None, cache_index):
+    """(offsets [B], query slots [L], key slots [S'], fused?) of one call: queries sit at
+    slots cache_index .. + L - 1 after any shared prefix's P slots (0 .. L - 1 without a
+    cache); fused attention applies when the keys are exactly this call's tokens."""
+    offsets = jnp.zeros((b,), jnp.int32) if offsets is None else jnp.asarray(offsets, jnp.int32)
+    if cache is None:
+      return offsets, jnp.arange(l, dtype=jnp.int32), jnp.arange(l, dtype=jnp.int32), True
+    if cache_index is None:
+      raise ValueError("cache_index is required when a cache is given")
+    p = cache[0]["prefix_k"].shape[3] if "prefix_k" in cache[0] else 0
+    s = cache[0]["k"].shape[3]
+    q_slots = p + cache_index + jnp.arange(l, dtype=jnp.int32)
+    return offsets, q_slots, jnp.arange(p + s, dtype=jnp.int32), p == 0 and s == l
+
+  def hidden(self, tokens, positions=None, *, offsets=None, mask=None,
+             cache: Cache | None = None, cache_index=None):
     """Final-norm hidden states [B, L, D] (and the updated cache if one is given)."""
     b, l = tokens.shape
     dt = as_dtype(self.cfg.dtype)
-    if positions is None:
-      positions = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+    offsets, q_slots, k_slots, fused = self._layout(b, l, offsets, cache, cache_index)
+    if positions is None:  # each row counts its own tokens: slot - offset (models.positions)
+      positions = jnp.maximum(q_slots[None, :] - offsets[:, None], 0)
     if mask is None:
-      if cache is not None:
-        raise ValueError("a mask [B, L, S] is required when a cache is given")
-      mask = jnp.broadcast_to(jnp.tril(jnp.ones((l, l), bool)), (b, l, l))
-    if cache is not None and cache_index is None:
-      raise ValueError("cache_index is required when a cache is given")
+      mask = positions_lib.visible(offsets, q_slots, k_slots)  # [B, L, S]
+    else:
+      fused = False  # an explicit mask is served by the reference core
     x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
-    tabs = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)
+    tabs = rope_tables(positions, self.cfg)
     new_cache = []
     for i, layer in enumerate(self.layers):
       if self.cfg.remat and cache is None:  # training forward: keep only each layer's input
-        x, c = nnx.remat(lambda lyr, h: lyr(h, tabs, mask))(layer, x)
+        x, c = nnx.remat(lambda lyr, h: lyr(h, tabs, mask, None, None, offsets, fused))(layer, x)
       else:
-        x, c = layer(x, tabs, mask, None if cache is None else cache[i], cache_index)
+        x, c = layer(x, tabs, mask, None if cache is None else cache[i], cache_index, offsets,
+                     fused)
       new_cache.append(c)
     x = self.final_norm(x)
     return x, (None if cache is None else tuple(new_cache))
 
+  def unembed_weight(self):
+    """The output projection [D, V] (the embedding's transpose when tied)."""
+    return self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
   def unembed(self, x):
     """Hidden [.., D] -> logits [.., V] in float32."""
-    w = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
-    return dense(x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    return dense(x, self.unembed_weight().astype(x.dtype), preferred_element_type=jnp.float32)
 
-  def __call__(self, tokens, positions=None, *, mask=None, cache: Cache | None = None,
-               cache_index=None) -> Any:
+  def __call__(self, tokens, positions=None, *, offsets=None, mask=None,
+               cache: Cache | None = None, cache_index=None) -> Any:
     """tokens [B, L] int32 -> logits [B, L, V] float32; with a cache: (logits, new cache).
 
-    positions [B, L] (default 0..L-1); mask [B, L, S] bool, True where query l
-    may attend key s (default causal over this call's tokens); cache a tuple of
+    offsets [B]: each row's left-pad count (default 0); key slot s is visible to
+    the query in slot q iff offset <= s <= q (`models.positions`), built inside
+    attention. positions [B, L], or [R, B, L] for R multimodal-RoPE streams
+    (default: slot - offset, i.e. 0..L-1 without padding). mask [B, L, S] bool
+    overrides the visibility for custom patterns (reference core only). cache a tuple of
     {'k': [B, K, H, S], 'v': [B, K, S, H]} written at slot `cache_index` (a scalar).
     A cache may also hold a read-only prefix shared by groups of adjacent rows
     ({'prefix_k': [Bp, K, H, P], 'prefix_v': [Bp, K, P, H]}, see `with_prefix`);
     the mask is then [B, L, P + S], the prefix's P keys first.
     """
-    x, new_cache = self.hidden(tokens, positions, mask=mask, cache=cache,
+    x, new_cache = self.hidden(tokens, positions, offsets=offsets, mask=mask, cache=cache,
                                cache_index=cache_index)
     logits = self.unembed(x)
     return logits if cache is None else (logits, new_cache)

@@ -3,7 +3,8 @@
 Prompts of different lengths are left-padded to a common length P, so every
 row writes its next key/value at the same cache slot (one
 `dynamic_update_slice` for the whole batch) while its RoPE position counts
-only its own tokens. Each prompt is prefilled once; its keys and values are a
+only its own tokens (`dmpo_jax.models.positions`: one pad offset per row, the
+definition the update's log-prob recomputation uses too). Each prompt is prefilled once; its keys and values are a
 prefix shared by its R = num_samples rows (an RL group shares one prompt: R
 times less prefill work, and decode reads the prompt's keys once per group),
 and each row's own cache has T = max_new_tokens slots. Decoding runs in
@@ -16,7 +17,7 @@ the quantity the update recomputes under the current parameters (top-k /
 top-p truncation shapes what is sampled, not the reported log-prob). Greedy
 rows report log_softmax(logits).
 
-Shapes (STYLE.md 7): Bp prompts, R samples per prompt, B = Bp * R rows,
+Shapes: Bp prompts, R samples per prompt, B = Bp * R rows,
 P prompt, T new tokens, S = P + T cache slots, V vocab.
 """
 
@@ -30,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
+
+from dmpo_jax.models import positions
 
 
 @struct.dataclass
@@ -134,24 +137,19 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
   r = cfg.num_samples
   b = bp * r
   t_max = cfg.max_new_tokens
-  s = p + t_max
   prompt_mask = prompt_mask.astype(bool)
 
-  # Prefill: all P prompt slots at once, once per prompt.
-  positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0).astype(jnp.int32)
-  mask = prompt_mask[:, None, :] & (jnp.arange(p)[None, None, :] <= jnp.arange(p)[None, :, None])
-  logits, prefix = model(prompt_tokens, positions, mask=mask, cache=model.init_cache(bp, p),
+  # Prefill: all P prompt slots at once, once per prompt. Padding and positions follow
+  # models.positions: a row's pad offset; key s is visible to query slot q iff offset <= s <= q.
+  offsets = positions.left_pad_offsets(prompt_mask)  # [Bp]
+  logits, prefix = model(prompt_tokens, offsets=offsets, cache=model.init_cache(bp, p),
                          cache_index=0)
   # Each prompt's R samples share its cache as a prefix and start from its last logits.
   phases = max(1, min(cfg.decode_phases, t_max // _MIN_PHASE))
   lengths = [-(-t_max * (c + 1) // phases) for c in range(phases)]
   cache = model.with_prefix(prefix, b, lengths[0])
   logits = jnp.repeat(logits[:, -1], r, axis=0)
-  # Keys a row may ever see: its real prompt tokens and everything generated.
-  key_valid = jnp.concatenate([jnp.repeat(prompt_mask, r, axis=0), jnp.ones((b, t_max), bool)],
-                              axis=1)
-  prompt_len = key_valid[:, :p].sum(axis=1).astype(jnp.int32)  # [B]
-  slots = jnp.arange(s)
+  row_offsets = jnp.repeat(offsets, r, axis=0)  # [B]
 
   end_ids = jnp.asarray(cfg.end_ids or (-1,), jnp.int32)
 
@@ -166,11 +164,9 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
     tokens = jax.lax.dynamic_update_slice(st.tokens, tok[:, None], (0, st.t))
     logprobs = jax.lax.dynamic_update_slice(st.logprobs, logp[:, None], (0, st.t))
     done = st.done | jnp.any(tok[:, None] == end_ids[None, :], axis=1)
-    # Feed the token just sampled (generated slot t, key P + t) to get the next logits.
-    n = p + st.cache[0]["k"].shape[3]  # keys of this phase
-    step_mask = (key_valid[:, :n] & (slots[None, :n] <= p + st.t))[:, None, :]
-    pos = (prompt_len + st.t)[:, None]
-    next_logits, cache = model(tok[:, None], pos, mask=step_mask, cache=st.cache,
+    # Feed the token just sampled (generated slot t, key P + t) to get the next logits;
+    # its position is P + t - offset.
+    next_logits, cache = model(tok[:, None], offsets=row_offsets, cache=st.cache,
                                cache_index=st.t)
     return _LoopState(t=st.t + 1, logits=next_logits[:, 0], cache=cache, tokens=tokens,
                       logprobs=logprobs, done=done, rng=rng)
