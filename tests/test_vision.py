@@ -13,6 +13,7 @@ from flax import nnx
 
 from dmpo_jax.models import mrope, vision
 from dmpo_jax.models.hf import CheckpointError
+from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.models.transformer import rope, rope_tables
 from dmpo_jax.models.vl_processor import VLProcessor, build_image_processor
 
@@ -344,7 +345,8 @@ def test_mrope_tables_match_transformers(hf_vl):
   plain = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
   same = rotate(np.stack([plain] * 3), q)
   np.testing.assert_allclose(np.asarray(same), np.asarray(rope(jnp.asarray(q), rope_tables(
-      jnp.asarray(plain), h, 10000.0))), atol=1e-6)
+      jnp.asarray(plain), ModelConfig(vocab_size=1, hidden_size=h, intermediate_size=1, num_layers=1,
+                                      num_heads=1, num_kv_heads=1, rope_theta=10000.0)))), atol=1e-6)
   with pytest.raises(ValueError, match="mrope_section"):
     mrope.mrope_tables(positions, h, 10000.0, [2, 2, 2])
 

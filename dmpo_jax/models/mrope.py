@@ -22,6 +22,9 @@ from typing import Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from dmpo_jax.models import transformer
+from dmpo_jax.models.config import ModelConfig
+
 
 def _image_positions(start: int, grid, merge: int) -> np.ndarray:
   """[3, t * gh * gw] positions of one image's merged tokens, row-major per frame."""
@@ -93,15 +96,15 @@ def rope_index(input_ids, image_grid_thw=None, *, image_token_id: int, spatial_m
 
 def mrope_tables(positions, head_dim: int, theta: float, mrope_section: Sequence[int]):
   """Rotary tables for `transformer.rope` from positions [3, B, L]: ([cos, cos], [-sin, sin]),
-  each [B, L, 1, H]. Frequency f rotates by stream i % 3 of the section i that holds f."""
-  section = [int(s) for s in mrope_section]
+  each [B, L, 1, H]. A thin call to the language model's own `transformer.rope_tables`
+  (frequency f rotates by stream i % 3 of the section i that holds f), so the vision-language
+  model and the text model share one definition."""
+  section = tuple(int(s) for s in mrope_section)
   if sum(section) != head_dim // 2 or min(section) < 0:
-    raise ValueError(f"mrope_section {section} must be non-negative and sum to head_dim / 2 = "
+    raise ValueError(f"mrope_section {list(section)} must be non-negative and sum to head_dim / 2 = "
                      f"{head_dim // 2}")
-  stream = np.repeat(np.arange(len(section)) % 3, section)  # [H/2]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-  pos = jnp.asarray(positions).astype(jnp.float32)[stream]  # [H/2, B, L]
-  freqs = jnp.moveaxis(pos, 0, -1) * inv_freq  # [B, L, H/2]
-  cos, sin = jnp.cos(freqs), jnp.sin(freqs)
-  return (jnp.concatenate([cos, cos], -1)[:, :, None, :],
-          jnp.concatenate([-sin, sin], -1)[:, :, None, :])
+  # The tables read only head_dim, rope_theta, rope_type and mrope_section of the config.
+  cfg = ModelConfig(vocab_size=1, hidden_size=head_dim, intermediate_size=1, num_layers=1,
+                    num_heads=1, num_kv_heads=1, head_dim=head_dim, rope_theta=theta,
+                    mrope_section=section)
+  return transformer.rope_tables(jnp.asarray(positions), cfg)
