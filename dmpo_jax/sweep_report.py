@@ -139,10 +139,11 @@ def fmt(iv) -> str:
 def summarize(runs: dict, baseline: str) -> dict:
   """Final metrics, paired differences, gradient figures and the SFT policy's row."""
   finished = {l: {s: r for s, r in by_seed.items() if r["status"] == "finished"} for l, by_seed in runs.items()}
-  logged = {m for by_seed in finished.values() for r in by_seed.values() for m in r["after"] or {}}
+  finished = {l: by_seed for l, by_seed in finished.items() if by_seed}
+  logged = {l: {m for r in by_seed.values() for m in r["after"] or {}} for l, by_seed in finished.items()}
   final, diff, grads = {}, {}, {}
   for label, by_seed in finished.items():
-    final[label] = {m: interval({s: r["after"].get(m) for s, r in by_seed.items()}) if m in logged
+    final[label] = {m: interval({s: r["after"].get(m) for s, r in by_seed.items()}) if m in logged[label]
                     else NOT_LOGGED for m, _ in FINAL}
     grads[label] = {}
     for m, _ in GRADIENTS:
@@ -154,15 +155,15 @@ def summarize(runs: dict, baseline: str) -> dict:
     if label == baseline or not base:
       continue
     diff[label] = {m: paired({s: r["after"].get(m) for s, r in by_seed.items()},
-                             {s: r["after"].get(m) for s, r in base.items()}) if m in logged
-                   else NOT_LOGGED for m, _ in FINAL}
+                             {s: r["after"].get(m) for s, r in base.items()})
+                   if m in logged[label] and m in logged[baseline] else NOT_LOGGED for m, _ in FINAL}
   before = {}  # the SFT policy of each seed (shared by every run of that seed)
   for by_seed in runs.values():
     for s, r in by_seed.items():
       if r["before"] is not None:
         before.setdefault(s, r["before"])
-  before_row = {m: interval({s: b.get(m) for s, b in before.items()}) if m in logged or any(
-      m in b for b in before.values()) else NOT_LOGGED for m, _ in FINAL}
+  before_row = {m: interval({s: b.get(m) for s, b in before.items()})
+                if any(m in b for b in before.values()) else NOT_LOGGED for m, _ in FINAL}
   return {"final": final, "paired": diff, "gradients": grads, "before": before_row,
           "before_by_seed": before}
 
@@ -332,9 +333,9 @@ def _json_safe(x):
   return x
 
 
-def write_report(out: str, baseline: str | None = None) -> dict:
-  """Write report.md, report.json, curves.png and pass_at_k.png into `out`; returns report.json's
-  content plus "summary" (the final-metrics table as text)."""
+def write_report(out: str, baseline: str | None = None, plots: bool = True) -> dict:
+  """Write report.md, report.json, curves.png and pass_at_k.png (plots=True) into `out`; returns
+  report.json's content plus "summary" (the final-metrics table as text)."""
   if not os.path.isdir(out):
     raise FileNotFoundError(f"no sweep folder {out!r}")
   runs, manifest = collect(out)
@@ -342,8 +343,9 @@ def write_report(out: str, baseline: str | None = None) -> dict:
   summ = summarize(runs, baseline)
   cv = curves(runs)
   pc = pass_curves(runs, summ["before_by_seed"])
-  plot_curves(cv, os.path.join(out, "curves.png"))
-  plot_pass(pc, os.path.join(out, "pass_at_k.png"))
+  if plots:
+    plot_curves(cv, os.path.join(out, "curves.png"))
+    plot_pass(pc, os.path.join(out, "pass_at_k.png"))
   text = markdown(out, manifest, runs, summ, baseline)
   with open(os.path.join(out, "report.md"), "w") as f:
     f.write(text)
