@@ -203,13 +203,13 @@ def test_sweep_end_to_end_shared_sft_and_resume(tmp_path):
   for f in ("curves.png", "pass_at_k.png"):
     assert os.path.getsize(os.path.join(out, f)) > 10_000
 
-  # 4. unshared, uninterrupted runs give the same per-step metrics and evaluations
+  # 4. an unshared, uninterrupted run gives the same per-step metrics and evaluations (dmpo: its DM
+  # term moves the parameters even where every reward is 0, as in the smoke setting)
   solo = str(tmp_path / "solo")
-  cli(solo, "--presets=grpo,dmpo", "--seeds=0", "--no_share", cache=cache)
+  cli(solo, "--presets=dmpo", "--seeds=0", "--no_share", cache=cache)
   assert not os.path.exists(os.path.join(solo, "_sft"))
-  for label in ("grpo", "dmpo"):
-    a, b = wd(label, 0), os.path.join(solo, label, "seed0")
-    assert rows(a) == rows(b), label
-    assert any(x.get("grad_norm", 0) > 0 for x in rows(a, "rl")) or label == "grpo"
-    for f in ("eval_before.json", "eval_after.json"):
-      assert report.read_json(os.path.join(a, f)) == report.read_json(os.path.join(b, f)), (label, f)
+  a, b = wd("dmpo", 0), os.path.join(solo, "dmpo", "seed0")
+  assert all(x["grad_norm"] > 0 for x in rows(a, "rl"))
+  assert rows(a) == rows(b)
+  for f in ("eval_before.json", "eval_after.json"):
+    assert report.read_json(os.path.join(a, f)) == report.read_json(os.path.join(b, f)), f
