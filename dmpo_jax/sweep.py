@@ -258,13 +258,19 @@ def seed_run_folder(sft_dir: str, workdir: str, sft_steps: int) -> None:
   for f in ("metrics.jsonl", "eval_before.json"):
     if os.path.exists(os.path.join(sft_dir, f)):
       shutil.copyfile(os.path.join(sft_dir, f), os.path.join(tmp, f))
-  os.makedirs(os.path.dirname(workdir), exist_ok=True)
-  os.rename(tmp, workdir)
+  if os.path.isdir(workdir):  # e.g. only a sweep_error.txt from an earlier failed attempt
+    shutil.copytree(tmp, workdir, dirs_exist_ok=True)
+    shutil.rmtree(tmp)
+  else:
+    os.makedirs(os.path.dirname(workdir), exist_ok=True)
+    os.rename(tmp, workdir)
 
 
 def execute(run: Run, out: str, train_fn, log=print) -> dict:
   """One run: share the SFT stage if it can, train (or resume), share eval_before back."""
   wd = os.path.join(out, run.label, f"seed{run.seed}")
+  if os.path.exists(os.path.join(wd, "sweep_error.txt")):
+    os.remove(os.path.join(wd, "sweep_error.txt"))  # an earlier failure, retried now
   sft_dir = None
   if run.shared:
     sft_dir = prepare_sft(train_fn, run, out, log)

@@ -88,6 +88,67 @@ def test_plan_skips_unbuildable_objectives_and_unshareable_settings(monkeypatch)
   assert shared["grpo"] and not shared["long-sft"]
 
 
+class FakeTrainer:
+  """Stands in for train.train: writes the workdir files the sweep and report read, and records
+  each call (workdir, whether eval_before.json was already there)."""
+
+  def __init__(self, fail=(), signal_at=()):
+    self.calls, self.fail, self.signal_at = [], set(fail), set(signal_at)
+
+  def __call__(self, cfg, wd):
+    had_before = os.path.exists(os.path.join(wd, "eval_before.json"))
+    self.calls.append((os.path.relpath(wd, os.path.dirname(os.path.dirname(wd))), had_before))
+    os.makedirs(os.path.join(wd, "checkpoints"), exist_ok=True)
+    if cfg.stop_at_step == cfg.sft.steps:  # the shared SFT stage
+      os.makedirs(os.path.join(wd, "checkpoints", str(cfg.sft.steps)))
+      with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": cfg.sft.steps, "stage": "sft", "loss": float(cfg.seed)}) + "\n")
+      return {"stopped": True, "step": cfg.sft.steps}
+    report.write_json({"overall": {"SR_mean": 0.1}}, os.path.join(wd, "eval_before.json"))
+    if cfg.rl.algo in self.fail:
+      self.fail.discard(cfg.rl.algo)  # fails once
+      raise RuntimeError("boom")
+    if cfg.rl.algo in self.signal_at:
+      return {"stopped": True, "step": cfg.sft.steps + 1}  # a signal, not config.stop_at_step
+    report.write_json({"after": {"overall": {"SR_mean": 0.2}}}, os.path.join(wd, "results.json"))
+    return {}
+
+
+def test_runner_shares_skips_records_failures_and_stops_on_signal(tmp_path, monkeypatch):
+  monkeypatch.setitem(sweep.SETTINGS, "gpg", {"rl.algo": "gpg"})
+  monkeypatch.setitem(sweep.SETTINGS, "gspo", {"rl.algo": "gspo"})
+  out = str(tmp_path)
+  runs = sweep.plan(base(), ["grpo", "gpg", "dmpo"], [0, 1], {}, log=lambda m: None)
+  fake = FakeTrainer(fail={"gpg"})
+  st = sweep.run_sweep(runs, out, train_fn=fake, progress=False, log=lambda m: None)
+  assert st["done"] == ["grpo/seed0", "grpo/seed1", "gpg/seed1", "dmpo/seed0", "dmpo/seed1"]
+  assert st["failed"] == ["gpg/seed0"]
+  assert "boom" in open(os.path.join(out, "gpg", "seed0", "sweep_error.txt")).read()
+  # one SFT stage per seed; the first run of a seed evaluates, the later ones get its eval_before
+  assert [c for c in fake.calls if c[0].startswith("_sft")] == [("_sft/seed0", False), ("_sft/seed1", False)]
+  had = dict(c for c in fake.calls if not c[0].startswith("_sft"))
+  assert had == {"grpo/seed0": False, "grpo/seed1": False, "gpg/seed0": True, "gpg/seed1": True,
+                 "dmpo/seed0": True, "dmpo/seed1": True}
+  for l, s in (("grpo", 1), ("dmpo", 1)):  # each run folder starts as a copy of the seed's SFT
+    assert os.path.isdir(os.path.join(out, l, f"seed{s}", "checkpoints", str(base().sft.steps)))
+    assert rows(os.path.join(out, l, f"seed{s}")) == rows(os.path.join(out, "_sft", f"seed{s}"))
+
+  # rerun: only the failed run runs again (and succeeds); nothing else is redone
+  fake = FakeTrainer()
+  st = sweep.run_sweep(runs, out, train_fn=fake, progress=False, log=lambda m: None)
+  assert st["done"] == ["gpg/seed0"] and len(st["skipped"]) == 5
+  assert [c[0] for c in fake.calls] == ["gpg/seed0"]
+  assert not os.path.exists(os.path.join(out, "gpg", "seed0", "sweep_error.txt"))
+
+  # a signal stops the sweep; the runs after it are pending; max_runs limits starts
+  runs = sweep.plan(base(), ["gspo", "grpo"], [2, 3], {}, log=lambda m: None)
+  st = sweep.run_sweep(runs, out, train_fn=FakeTrainer(signal_at={"gspo"}), progress=False,
+                       log=lambda m: None)
+  assert st["stopped"] == ["gspo/seed2"] and st["pending"] == ["gspo/seed3", "grpo/seed2", "grpo/seed3"]
+  st = sweep.run_sweep(runs, out, train_fn=FakeTrainer(), max_runs=2, progress=False, log=lambda m: None)
+  assert st["done"] == ["gspo/seed2", "gspo/seed3"] and st["pending"] == ["grpo/seed2", "grpo/seed3"]
+
+
 # ---------------------------------------------------------------------------
 # The report, on hand-made run folders.
 def fake_run(out, label, seed, after, before, rl_rows, finished=True, sft=3):
