@@ -232,7 +232,8 @@ def test_sweep_end_to_end_shared_sft_and_resume(tmp_path):
   wd = lambda label, seed: os.path.join(out, label, f"seed{seed}")
 
   # 1. one run only: the sweep stops early, the report says it is partial
-  run("--max_runs=1")
+  text = run("--max_runs=1")
+  assert f"resumed {wd('grpo', 0)} at step 3 (sft)" in text  # started from the shared SFT checkpoint
   assert os.path.exists(os.path.join(wd("grpo", 0), "results.json"))
   assert not any(os.path.exists(wd(l, s)) for l, s in (("grpo", 1), ("dmpo", 0), ("dmpo", 1)))
   assert os.path.exists(os.path.join(out, "_sft", "seed0", "eval_before.json"))  # shared back
