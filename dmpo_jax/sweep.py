@@ -1,0 +1,406 @@
+r"""Run presets x settings x seeds of one config, one folder per run, then one report.
+
+    python -m dmpo_jax.sweep --config=configs/collapse.py --out=runs/sweep        # SETTINGS x 5 seeds
+    python -m dmpo_jax.sweep --config=configs/collapse.py --out=runs/sweep \
+        --presets=grpo,dmpo-2-a1_15 --seeds=0-4 --set=rl.steps=120
+    python -m dmpo_jax.sweep --config=configs/collapse.py --out=/tmp/sw --smoke --presets=grpo,dmpo --seeds=0,1
+    python -m dmpo_jax.sweep --out=runs/sweep --report_only                         # rebuild the report
+
+Layout of --out: `<label>/seed<k>/` (an ordinary training workdir per run),
+`_sft/seed<k>/` (the shared SFT stage and evaluation before RL of seed k),
+`_jax_cache/` (compiled functions, reused by later runs and later sweeps),
+`sweep.json` (what was asked), `report.md`, `report.json`, `*.png`
+(dmpo_jax.sweep_report).
+
+Resuming: rerun the same command. A run with results.json is skipped; an
+interrupted one resumes from its own checkpoint (the trainer's resume). A
+first Ctrl-C lets the trainer save and stops the sweep; the report is written
+for what has finished.
+
+Sharing: the SFT stage depends on the seed and on the config's non-RL fields
+only, so it runs once per seed (stopping at the end of SFT) and each run's
+folder starts as a copy of its final checkpoint and metrics; the first run of
+a seed evaluates the SFT policy and its eval_before.json is copied to the
+seed's later runs. A run then equals an unshared one step for step
+(tests/test_sweep.py). A setting that changes a field outside SHARE_SAFE
+trains its own SFT stage.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+
+# Each setting: a run label -> overrides of config fields (applied after the config file and
+# --smoke; --set overrides apply to every run). The DM-only ablation needs a registered `none`
+# policy loss; where the installed objectives refuse it, the sweep skips that label and says so.
+SETTINGS: dict[str, dict] = {
+    "grpo": {"rl.algo": "grpo"},
+    "dmpo": {"rl.algo": "dmpo", "rl.objective.dm_coef": 0.5, "rl.objective.dm_alpha": 1.0},
+    "dmpo-2-a1_15": {"rl.algo": "dmpo", "rl.objective.dm_coef": 2.0, "rl.objective.dm_alpha": 1 / 15},
+    "dmpo-20-a1_15": {"rl.algo": "dmpo", "rl.objective.dm_coef": 20.0, "rl.objective.dm_alpha": 1 / 15},
+    "dm_only-2-a1_15": {"rl.algo": "dmpo", "rl.objective.dm_coef": 2.0, "rl.objective.dm_alpha": 1 / 15,
+                        "rl.objective.policy_loss": "none"},
+    "dph_f": {"rl.algo": "dph_f"},
+    "dph_js": {"rl.algo": "dph_js"},
+    "rkl-0.01": {"rl.algo": "rkl", "rl.objective.kl_coef": 0.01},
+    "rkl-0.1": {"rl.algo": "rkl", "rl.objective.kl_coef": 0.1},
+    "grpo-g16": {"rl.algo": "grpo", "rl.group_size": 16},
+    "dmpo-2-a1_15-g16": {"rl.algo": "dmpo", "rl.objective.dm_coef": 2.0, "rl.objective.dm_alpha": 1 / 15,
+                         "rl.group_size": 16},
+}
+BASELINE = "grpo"  # paired differences in the report are against this label
+
+# Fields a setting may change while still sharing the seed's SFT stage and evaluation before RL
+# (a prefix ending in "." covers a whole group). Everything else (model, SFT, tasks, level,
+# evaluation, rewards, curriculum, mesh) shapes the SFT policy or its evaluation.
+SHARE_SAFE = ("rl.algo", "rl.objective.", "rl.steps", "rl.prompts_per_step", "rl.group_size", "rl.lr",
+              "rl.temperature", "rl.top_p", "rl.max_grad_norm", "rl.rollout_chunks",
+              "rl.micro_batches", "rl.nonfinite_patience", "rl.check_recompile", "dph.",
+              "stop_at_step", "log.", "checkpoint.")
+SFT_DIR = "_sft"
+CACHE_DIR = "_jax_cache"
+
+
+class SweepError(ValueError):
+  """Bad sweep input (a label, a seed list, an override); the message names it."""
+
+
+# ---------------------------------------------------------------------------
+# Input: config file, seeds, overrides.
+def load_config(spec: str, smoke: bool = False):
+  """A config from `path.py[:args]` (the file's get_config(args)); --smoke adds `smoke`."""
+  path, _, arg = spec.partition(":")
+  if not os.path.isfile(path):
+    raise SweepError(f"--config={spec!r}: no file {path!r}")
+  if smoke:
+    arg = ",".join(filter(None, [arg, "smoke"]))
+  sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # configs import their siblings
+  mod_spec = importlib.util.spec_from_file_location(f"_sweep_config_{abs(hash(path))}", path)
+  mod = importlib.util.module_from_spec(mod_spec)
+  mod_spec.loader.exec_module(mod)
+  return mod.get_config(arg or None)
+
+
+def parse_seeds(text: str) -> list[int]:
+  """'0-4' -> [0..4]; '0,2,7' -> [0, 2, 7]; ranges and items mix ('0-2,9')."""
+  seeds = []
+  for part in filter(None, (p.strip() for p in str(text).split(","))):
+    lo, dash, hi = part.partition("-")
+    try:
+      seeds.extend(range(int(lo), int(hi) + 1) if dash else [int(part)])
+    except ValueError:
+      raise SweepError(f"--seeds={text!r}: {part!r} is not an integer or a range like 0-4") from None
+  if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+    raise SweepError(f"--seeds={text!r}: need distinct non-negative seeds")
+  return seeds
+
+
+def parse_value(text: str):
+  """A --set value: a Python literal (number, bool, tuple, None) or else the string itself."""
+  import ast
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def parse_sets(items) -> dict:
+  out = {}
+  for item in items or ():
+    key, eq, value = item.partition("=")
+    if not eq or not key.strip():
+      raise SweepError(f"--set={item!r}: expected field.path=value, e.g. rl.steps=120")
+    out[key.strip()] = parse_value(value.strip())
+  return out
+
+
+def apply_overrides(cfg, overrides: dict, what: str):
+  """A copy of cfg with `overrides` ({"rl.group_size": 16}) set; unknown fields name themselves."""
+  cfg = copy.deepcopy(cfg)
+  for path, value in overrides.items():
+    node = cfg
+    *parents, leaf = path.split(".")
+    for i, p in enumerate(parents):
+      if p not in node:
+        raise SweepError(f"{what}: config has no field {'.'.join(parents[:i + 1])!r} (in {path!r})")
+      node = node[p]
+    if leaf not in node:
+      raise SweepError(f"{what}: config has no field {path!r}; fields there: {sorted(node.keys())}")
+    try:
+      node[leaf] = value
+    except TypeError as e:
+      raise SweepError(f"{what}: {path}={value!r}: {e}") from None
+  return cfg
+
+
+def sft_key(cfg) -> str:
+  """The config with the SHARE_SAFE fields removed: runs with equal keys share the SFT stage."""
+  def walk(d, prefix):
+    out = {}
+    for k, v in d.items():
+      path = prefix + k
+      if any(path == s or (s.endswith(".") and path.startswith(s)) for s in SHARE_SAFE):
+        continue
+      out[k] = walk(v, path + ".") if isinstance(v, dict) else v
+    return out
+  return json.dumps(walk(cfg.to_dict(), ""), sort_keys=True, default=repr)
+
+
+@dataclasses.dataclass
+class Run:
+  label: str
+  seed: int
+  cfg: object
+  shared: bool  # starts from the seed's shared SFT stage
+
+  @property
+  def name(self) -> str:
+    return f"{self.label}/seed{self.seed}"
+
+
+def check_objective(cfg) -> str | None:
+  """None if the run's objective builds, else the reason (e.g. an unregistered policy loss)."""
+  from dmpo_jax.objectives import presets
+  overrides = {k: v for k, v in cfg.rl.objective.items() if v is not None}
+  try:
+    presets.objective_config(cfg.rl.algo, **overrides)
+  except (ValueError, KeyError, TypeError) as e:
+    return str(e)
+  return None
+
+
+def plan(base, labels, seeds, sets: dict, share: bool = True, log=print) -> list[Run]:
+  """The runs, label-major; labels whose objective cannot be built are skipped with a message."""
+  unknown = [l for l in labels if l not in SETTINGS]
+  if unknown:
+    raise SweepError(f"--presets: unknown label(s) {unknown}; choose from {list(SETTINGS)}")
+  base = apply_overrides(base, sets, "--set")
+  runs = []
+  for label in labels:
+    cfg = apply_overrides(base, SETTINGS[label], f"setting {label!r}")
+    why = check_objective(cfg)
+    if why is not None:
+      log(f"skipping {label}: its objective cannot be built here ({why})")
+      continue
+    shared = share and cfg.sft.steps > 0 and sft_key(cfg) == sft_key(base)
+    if share and not shared:
+      log(f"{label}: changes a field outside SHARE_SAFE (or has no SFT); it trains its own SFT stage")
+    for seed in seeds:
+      c = copy.deepcopy(cfg)
+      c.seed = seed
+      runs.append(Run(label, seed, c, shared))
+  return runs
+
+
+# ---------------------------------------------------------------------------
+# Running.
+def enable_compile_cache(directory: str) -> None:
+  """JAX's persistent compilation cache: a run's jitted functions are loaded from disk when an
+  earlier run (in this process or another) compiled the same program."""
+  import jax
+  os.makedirs(directory, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", os.path.abspath(directory))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def is_finished(workdir: str) -> bool:
+  return os.path.exists(os.path.join(workdir, "results.json"))
+
+
+def _copy_file(src: str, dst: str) -> None:
+  tmp = dst + ".tmp"
+  shutil.copyfile(src, tmp)
+  os.replace(tmp, dst)
+
+
+class Stopped(Exception):
+  """The trainer saved and stopped on a signal: the sweep stops (rerun to resume)."""
+
+
+def call_train(train_fn, cfg, workdir: str) -> dict:
+  res = train_fn(cfg, workdir)
+  if res.get("stopped") and res.get("step") != cfg.stop_at_step:
+    raise Stopped(f"{workdir} stopped at step {res.get('step')}")
+  return res
+
+
+def prepare_sft(train_fn, run: Run, out: str, log=print) -> str:
+  """The seed's shared SFT folder, trained (once) up to the end of SFT."""
+  d = os.path.join(out, SFT_DIR, f"seed{run.seed}")
+  steps = run.cfg.sft.steps
+  if not os.path.isdir(os.path.join(d, "checkpoints", str(steps))):
+    log(f"SFT stage of seed {run.seed} -> {d}")
+    cfg = copy.deepcopy(run.cfg)
+    cfg.stop_at_step = steps
+    res = call_train(train_fn, cfg, d)
+    if not os.path.isdir(os.path.join(d, "checkpoints", str(steps))):
+      raise RuntimeError(f"the SFT stage in {d} ended ({res}) without a checkpoint at step {steps}")
+  return d
+
+
+def seed_run_folder(sft_dir: str, workdir: str, sft_steps: int) -> None:
+  """A new run folder as a copy of the SFT stage (checkpoint at sft_steps, SFT metrics, and the
+  evaluation before RL once some run of the seed has made it); built aside, then renamed."""
+  tmp = workdir + ".partial"
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(os.path.join(tmp, "checkpoints"))
+  shutil.copytree(os.path.join(sft_dir, "checkpoints", str(sft_steps)),
+                  os.path.join(tmp, "checkpoints", str(sft_steps)))
+  for f in ("metrics.jsonl", "eval_before.json"):
+    if os.path.exists(os.path.join(sft_dir, f)):
+      shutil.copyfile(os.path.join(sft_dir, f), os.path.join(tmp, f))
+  if os.path.isdir(workdir):  # e.g. only a sweep_error.txt from an earlier failed attempt
+    shutil.copytree(tmp, workdir, dirs_exist_ok=True)
+    shutil.rmtree(tmp)
+  else:
+    os.makedirs(os.path.dirname(workdir), exist_ok=True)
+    os.rename(tmp, workdir)
+
+
+def execute(run: Run, out: str, train_fn, log=print) -> dict:
+  """One run: share the SFT stage if it can, train (or resume), share eval_before back."""
+  wd = os.path.join(out, run.label, f"seed{run.seed}")
+  if os.path.exists(os.path.join(wd, "sweep_error.txt")):
+    os.remove(os.path.join(wd, "sweep_error.txt"))  # an earlier failure, retried now
+  sft_dir = None
+  if run.shared:
+    sft_dir = prepare_sft(train_fn, run, out, log)
+    if not os.path.isdir(os.path.join(wd, "checkpoints")):
+      seed_run_folder(sft_dir, wd, run.cfg.sft.steps)
+    elif (not os.path.exists(os.path.join(wd, "eval_before.json"))
+          and os.path.exists(os.path.join(sft_dir, "eval_before.json"))):
+      _copy_file(os.path.join(sft_dir, "eval_before.json"), os.path.join(wd, "eval_before.json"))
+  try:
+    return call_train(train_fn, run.cfg, wd)
+  finally:
+    if sft_dir and os.path.exists(os.path.join(wd, "eval_before.json")) and not os.path.exists(
+        os.path.join(sft_dir, "eval_before.json")):
+      _copy_file(os.path.join(wd, "eval_before.json"), os.path.join(sft_dir, "eval_before.json"))
+
+
+def write_manifest(out: str, args: dict, runs: list[Run]) -> None:
+  from dmpo_jax import report
+  path = os.path.join(out, "sweep.json")
+  old = report.read_json(path) if os.path.exists(path) else {}
+  labels = list(dict.fromkeys(old.get("labels", []) + [r.label for r in runs]))
+  seeds = sorted(set(old.get("seeds", [])) | {r.seed for r in runs})
+  report.write_json({"args": args, "labels": labels, "seeds": seeds, "baseline": BASELINE,
+                     "settings": {l: SETTINGS.get(l, old.get("settings", {}).get(l)) for l in labels}},
+                    path)
+
+
+def run_sweep(runs: list[Run], out: str, *, train_fn=None, max_runs: int | None = None,
+              progress: bool = True, log=None) -> dict:
+  """Run what is not finished (at most max_runs of them). Returns {"done", "skipped", "failed",
+  "stopped", "pending"} lists of run names."""
+  if train_fn is None:
+    from dmpo_jax import train as train_lib
+    train_fn = train_lib.train
+  from tqdm import tqdm
+  bar = tqdm(runs, desc="sweep", unit="run", dynamic_ncols=True, disable=not progress,
+             bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} runs [{elapsed}<{remaining}]")
+  log = log or bar.write
+  status = {"done": [], "skipped": [], "failed": [], "stopped": [], "pending": []}
+  started = 0
+  t0 = time.time()
+  for i, run in enumerate(runs):
+    wd = os.path.join(out, run.label, f"seed{run.seed}")
+    bar.set_description(f"run {i + 1}/{len(runs)} {run.name}")
+    if is_finished(wd):
+      status["skipped"].append(run.name)
+      log(f"[{i + 1}/{len(runs)}] {run.name}: finished earlier, skipped")
+      bar.update(1)
+      continue
+    if max_runs is not None and started >= max_runs:
+      status["pending"].append(run.name)
+      continue
+    started += 1
+    log(f"[{i + 1}/{len(runs)}] {run.name}: " + ("resuming" if os.path.isdir(wd) else "starting")
+        + f" (sweep elapsed {time.time() - t0:.0f} s)")
+    t1 = time.time()
+    try:
+      res = execute(run, out, train_fn, log)
+    except Stopped as e:
+      status["stopped"].append(run.name)
+      log(f"{e}; stopping the sweep (rerun the same command to resume)")
+      status["pending"].extend(r.name for r in runs[i + 1:] if not is_finished(
+          os.path.join(out, r.label, f"seed{r.seed}")))
+      break
+    except Exception as e:  # a failed run is recorded; the others still run
+      status["failed"].append(run.name)
+      os.makedirs(wd, exist_ok=True)
+      with open(os.path.join(wd, "sweep_error.txt"), "w") as f:
+        f.write(traceback.format_exc())
+      log(f"[{i + 1}/{len(runs)}] {run.name} FAILED: {type(e).__name__}: {e} "
+          f"(traceback in {wd}/sweep_error.txt)")
+    else:
+      key = "done" if not res.get("stopped") else "stopped"
+      status[key].append(run.name)
+      log(f"[{i + 1}/{len(runs)}] {run.name}: {'finished' if key == 'done' else 'paused at step %d' % res['step']}"
+          f" in {time.time() - t1:.0f} s")
+    bar.update(1)
+  bar.close()
+  return status
+
+
+# ---------------------------------------------------------------------------
+def main(argv=None):
+  import argparse
+  ap = argparse.ArgumentParser(prog="python -m dmpo_jax.sweep", description=__doc__.split("\n")[0])
+  ap.add_argument("--config", default="configs/collapse.py", help="config file[:args]")
+  ap.add_argument("--out", required=True, help="sweep folder (resumed when it exists)")
+  ap.add_argument("--presets", default=",".join(SETTINGS),
+                  help=f"comma-separated labels of SETTINGS (default: all): {', '.join(SETTINGS)}")
+  ap.add_argument("--seeds", default="0-4", help="e.g. 0-4 or 0,1,5")
+  ap.add_argument("--smoke", action="store_true", help="the config's smoke setting (a few steps)")
+  ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                  help="override a config field in every run (repeatable), e.g. --set=rl.steps=120")
+  ap.add_argument("--max_runs", type=int, default=None, help="start at most this many unfinished runs")
+  ap.add_argument("--no_share", action="store_true", help="every run trains its own SFT stage")
+  ap.add_argument("--cache_dir", default=None, help=f"compilation cache (default <out>/{CACHE_DIR}; "
+                  "'none' turns it off)")
+  ap.add_argument("--report_only", action="store_true", help="only (re)write the report")
+  ap.add_argument("--no_progress", action="store_true")
+  args = ap.parse_args(argv)
+  from dmpo_jax import sweep_report
+
+  if args.report_only:
+    print(sweep_report.write_report(args.out)["summary"])
+    return 0
+  try:
+    base = load_config(args.config, args.smoke)
+    labels = [l.strip() for l in args.presets.split(",") if l.strip()]
+    runs = plan(base, labels, parse_seeds(args.seeds), parse_sets(args.set), share=not args.no_share)
+  except SweepError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if not runs:
+    print("error: nothing to run (every label was skipped)", file=sys.stderr)
+    return 2
+  os.makedirs(args.out, exist_ok=True)
+  if (args.cache_dir or "").lower() != "none":
+    enable_compile_cache(args.cache_dir or os.path.join(args.out, CACHE_DIR))
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  write_manifest(args.out, vars(args), runs)
+  status = run_sweep(runs, args.out, max_runs=args.max_runs, progress=not args.no_progress)
+  rep = sweep_report.write_report(args.out)
+  print(rep["summary"])
+  print("sweep: " + ", ".join(f"{k} {len(v)}" for k, v in status.items()) + f"; report in {args.out}/report.md")
+  if status["failed"]:
+    print("failed: " + ", ".join(status["failed"]), file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

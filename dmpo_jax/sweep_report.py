@@ -1,0 +1,361 @@
+"""The report of a sweep folder (finished or partial): report.md, report.json and PNG plots.
+
+    from dmpo_jax import sweep_report
+    sweep_report.write_report("runs/sweep")      # also: python -m dmpo_jax.sweep --out=... --report_only
+
+Everything is read from the run folders (`<label>/seed<k>/`: results.json,
+eval_before.json, eval_after.json, metrics.jsonl, config.json); nothing is
+recomputed. Per label: the mean and 95% Student-t interval over seeds of the
+final metrics of finished runs, and the seed-paired difference against the
+baseline label (dmpo_jax.stats). A metric the trainer does not write is
+reported as "not logged" (FINAL, CURVES and GRADIENTS list the names read).
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import re
+import tempfile
+
+import numpy as np
+
+from dmpo_jax import report, stats
+
+NOT_LOGGED = "not logged"
+# (name in the report, what it is): keys of the evaluation's "overall" dict after RL.
+FINAL = (
+    ("SR_mean", "success, feasible (share of samples)"),
+    ("optimal_rate", "success, optimal (share of samples)"),
+    ("QR_mean", "quality ratio (mean over samples)"),
+    ("distinct_optimal", "distinct optimal solutions per instance"),
+    ("coverage", "share of each instance's optimal set sampled"),
+    ("pass@1", "pass@1, feasible"), ("pass@8", "pass@8, feasible"), ("pass@64", "pass@64, feasible"),
+    ("pass_optimal@1", "pass@1, optimal"), ("pass_optimal@8", "pass@8, optimal"),
+    ("pass_optimal@64", "pass@64, optimal"),
+    ("distinct", "distinct feasible solutions per instance"),
+    ("length", "answer length (tokens)"),
+)
+# Per-step RL rows of metrics.jsonl drawn over RL steps.
+CURVES = (("distinct_optimal", "distinct optima / group"), ("distinct", "distinct feasible / group"),
+          ("length", "answer length (tokens)"), ("qr_mean", "quality ratio (mean)"),
+          ("coverage", "coverage of the optimal set"))
+# Gradient norms of the RL terms: mean over RL steps per run, then over seeds.
+GRADIENTS = (("pg_grad_norm", "policy-gradient term"), ("reg_grad_norm", "DM / divergence / KL term"),
+             ("grad_ratio", "regulariser / policy gradient"))
+PASS_KEY = re.compile(r"^pass(_optimal)?@(\d+)$")
+
+
+# ---------------------------------------------------------------------------
+# Reading run folders.
+def _read(path):
+  return report.read_json(path) if os.path.exists(path) else None
+
+
+def load_run(workdir: str) -> dict:
+  """What a run folder holds: status ("finished", "partial", "failed", "not started"), the
+  evaluations' overall dicts, the RL rows (step counted from the start of RL)."""
+  results = _read(os.path.join(workdir, "results.json"))
+  config = _read(os.path.join(workdir, "config.json")) or {}
+  before = _read(os.path.join(workdir, "eval_before.json"))
+  after = _read(os.path.join(workdir, "eval_after.json"))
+  rows = report.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  sft = (results or {}).get("steps", {}).get("sft", config.get("sft", {}).get("steps", 0))
+  rl = [dict(r, rl_step=r["step"] - sft) for r in rows if r.get("stage") == "rl"]
+  if results is not None:
+    status = "finished"
+  elif os.path.exists(os.path.join(workdir, "sweep_error.txt")):
+    status = "failed"
+  elif rl or os.path.isdir(os.path.join(workdir, "checkpoints")):
+    status = "partial"
+  else:
+    status = "not started"
+  if results is not None and after is None:
+    after = results.get("after")
+  return {"status": status, "results": results, "before": (before or {}).get("overall"),
+          "after": (after or {}).get("overall") if status == "finished" else None, "rl": rl,
+          "rl_steps_done": max((r["rl_step"] for r in rl), default=0),
+          "rl_steps": config.get("rl", {}).get("steps"), "wall_s": (results or {}).get("wall_s")}
+
+
+def collect(out: str) -> tuple[dict, dict]:
+  """({label: {seed: run}}, manifest): labels in the manifest's order, then any other folder."""
+  manifest = _read(os.path.join(out, "sweep.json")) or {}
+  found = {}
+  for d in sorted(glob.glob(os.path.join(out, "*", "seed*"))):
+    label, seed = os.path.basename(os.path.dirname(d)), os.path.basename(d)[4:]
+    if label.startswith("_") or not seed.isdigit() or not os.path.isdir(d):
+      continue
+    found.setdefault(label, set()).add(int(seed))
+  labels = list(dict.fromkeys(manifest.get("labels", []) + sorted(found)))
+  runs = {}
+  for label in labels:
+    seeds = sorted(set(manifest.get("seeds", [])) | found.get(label, set()))
+    runs[label] = {s: load_run(os.path.join(out, label, f"seed{s}")) for s in seeds}
+  return runs, manifest
+
+
+# ---------------------------------------------------------------------------
+# Statistics.
+def _finite(v) -> bool:
+  return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def interval(values: dict) -> dict | None:
+  """{seed: value} -> {"mean", "low", "high", "n", "values"}; low/high None with one seed."""
+  vals = {s: float(v) for s, v in values.items() if _finite(v)}
+  if not vals:
+    return None
+  if len(vals) == 1:
+    (v,) = vals.values()
+    return {"mean": v, "low": None, "high": None, "n": 1, "values": vals}
+  iv = stats.mean_ci(list(vals.values()))
+  return {"mean": iv.mean, "low": iv.low, "high": iv.high, "n": iv.n, "values": vals}
+
+
+def paired(values: dict, baseline: dict) -> dict | None:
+  """Seed-paired difference on the seeds both have (finite values)."""
+  common = sorted(s for s in values if s in baseline and _finite(values[s]) and _finite(baseline[s]))
+  if not common:
+    return None
+  diffs = {s: float(values[s]) - float(baseline[s]) for s in common}
+  if len(common) == 1:
+    return interval(diffs)
+  iv = stats.paired_difference({s: values[s] for s in common}, {s: baseline[s] for s in common})
+  return {"mean": iv.mean, "low": iv.low, "high": iv.high, "n": iv.n, "values": diffs}
+
+
+def fmt(iv) -> str:
+  if iv is None:
+    return "—"
+  if iv == NOT_LOGGED:
+    return NOT_LOGGED
+  if iv["low"] is None:
+    return f"{iv['mean']:.3f} (n=1)"
+  return f"{iv['mean']:.3f} [{iv['low']:.3f}, {iv['high']:.3f}]"
+
+
+def summarize(runs: dict, baseline: str) -> dict:
+  """Final metrics, paired differences, gradient figures and the SFT policy's row."""
+  finished = {l: {s: r for s, r in by_seed.items() if r["status"] == "finished"} for l, by_seed in runs.items()}
+  finished = {l: by_seed for l, by_seed in finished.items() if by_seed}
+  logged = {l: {m for r in by_seed.values() for m in r["after"] or {}} for l, by_seed in finished.items()}
+  final, diff, grads = {}, {}, {}
+  for label, by_seed in finished.items():
+    final[label] = {m: interval({s: r["after"].get(m) for s, r in by_seed.items()}) if m in logged[label]
+                    else NOT_LOGGED for m, _ in FINAL}
+    grads[label] = {}
+    for m, _ in GRADIENTS:
+      per = {s: float(np.mean(v)) for s, r in by_seed.items()
+             if (v := [x[m] for x in r["rl"] if _finite(x.get(m))])}
+      grads[label][m] = interval(per) if per else NOT_LOGGED
+  base = finished.get(baseline, {})
+  for label, by_seed in finished.items():
+    if label == baseline or not base:
+      continue
+    diff[label] = {m: paired({s: r["after"].get(m) for s, r in by_seed.items()},
+                             {s: r["after"].get(m) for s, r in base.items()})
+                   if m in logged[label] and m in logged[baseline] else NOT_LOGGED for m, _ in FINAL}
+  before = {}  # the SFT policy of each seed (shared by every run of that seed)
+  for by_seed in runs.values():
+    for s, r in by_seed.items():
+      if r["before"] is not None:
+        before.setdefault(s, r["before"])
+  before_row = {m: interval({s: b.get(m) for s, b in before.items()})
+                if any(m in b for b in before.values()) else NOT_LOGGED for m, _ in FINAL}
+  return {"final": final, "paired": diff, "gradients": grads, "before": before_row,
+          "before_by_seed": before}
+
+
+def curves(runs: dict, keys=tuple(k for k, _ in CURVES)) -> dict:
+  """{label: {metric: {"step", "mean", "low", "high", "n"}}}: per RL step, over the seeds that
+  logged it (finished and partial runs); low/high NaN where fewer than two seeds."""
+  out = {}
+  for label, by_seed in runs.items():
+    out[label] = {}
+    for m in keys:
+      per_step = {}
+      for r in by_seed.values():
+        for row in r["rl"]:
+          if _finite(row.get(m)):
+            per_step.setdefault(row["rl_step"], []).append(float(row[m]))
+      if not per_step:
+        continue
+      steps_ = sorted(per_step)
+      mean, low, high, n = [], [], [], []
+      for st in steps_:
+        v = per_step[st]
+        iv = stats.mean_ci(v) if len(v) >= 2 else None
+        mean.append(float(np.mean(v)))
+        low.append(iv.low if iv else math.nan)
+        high.append(iv.high if iv else math.nan)
+        n.append(len(v))
+      out[label][m] = {"step": steps_, "mean": mean, "low": low, "high": high, "n": n}
+  return out
+
+
+def pass_curves(runs: dict, before_by_seed: dict) -> dict:
+  """{"feasible"|"optimal": {label or "SFT (before RL)": {k: interval}}} from the evaluations."""
+  out = {"feasible": {}, "optimal": {}}
+  sources = [("SFT (before RL)", before_by_seed)] + [
+      (l, {s: r["after"] for s, r in by_seed.items() if r["status"] == "finished"}) for l, by_seed in runs.items()]
+  for name, by_seed in sources:
+    for kind in out:
+      ks = sorted({int(m.group(2)) for o in by_seed.values() for key in o
+                   if (m := PASS_KEY.match(key)) and bool(m.group(1)) == (kind == "optimal")})
+      if ks:
+        key = "pass_optimal@%d" if kind == "optimal" else "pass@%d"
+        out[kind][name] = {k: interval({s: o.get(key % k) for s, o in by_seed.items()}) for k in ks}
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Plots (matplotlib's Figure: never switches the caller's backend).
+def _save(fig, path: str) -> None:
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".png")
+  os.close(fd)
+  fig.savefig(tmp, dpi=110)
+  os.replace(tmp, path)
+
+
+def plot_curves(cv: dict, path: str) -> None:
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=(4.2 * len(CURVES), 3.4))
+  axes = fig.subplots(1, len(CURVES))
+  for ax, (m, title) in zip(axes, CURVES):
+    drawn = False
+    for i, (label, by_metric) in enumerate(cv.items()):
+      c = by_metric.get(m)
+      if not c:
+        continue
+      ax.plot(c["step"], c["mean"], lw=1.5, color=f"C{i % 10}", label=label)
+      ax.fill_between(c["step"], c["low"], c["high"], color=f"C{i % 10}", alpha=0.15, lw=0)
+      drawn = True
+    if drawn:
+      ax.legend(fontsize=7)
+    else:
+      ax.text(0.5, 0.5, NOT_LOGGED, ha="center", va="center", transform=ax.transAxes, color="gray")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("RL step")
+  fig.suptitle("mean over seeds, band: 95% t-interval", fontsize=9)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+def plot_pass(pc: dict, path: str) -> None:
+  from matplotlib.figure import Figure
+  fig = Figure(figsize=(10, 3.8))
+  for ax, kind in zip(fig.subplots(1, 2), ("feasible", "optimal")):
+    for i, (name, by_k) in enumerate(pc[kind].items()):
+      ks = [k for k, iv in by_k.items() if iv is not None]
+      if not ks:
+        continue
+      before = name.startswith("SFT")
+      ax.plot(ks, [by_k[k]["mean"] for k in ks], marker="o", ms=3, ls="--" if before else "-",
+              color="black" if before else f"C{(i - 1) % 10}", label=name)
+      lo = [by_k[k]["low"] for k in ks]
+      if all(v is not None for v in lo):
+        ax.fill_between(ks, lo, [by_k[k]["high"] for k in ks], alpha=0.12, lw=0,
+                        color="black" if before else f"C{(i - 1) % 10}")
+    if not pc[kind]:
+      ax.text(0.5, 0.5, NOT_LOGGED, ha="center", va="center", transform=ax.transAxes, color="gray")
+    else:
+      ax.set_xscale("log", base=2)
+      ax.legend(fontsize=7)
+    ax.set_title(f"pass@k, correct = {kind} (before: dashed; after RL: solid)", fontsize=9)
+    ax.set_xlabel("k")
+  fig.tight_layout()
+  _save(fig, path)
+
+
+# ---------------------------------------------------------------------------
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+  return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def markdown(out: str, manifest: dict, runs: dict, summ: dict, baseline: str) -> str:
+  rows_all = list(summ["final"].values()) + [summ["before"]]
+  names = [m for m, _ in FINAL if any(r[m] != NOT_LOGGED for r in rows_all)]
+  absent = [m for m, _ in FINAL if m not in names]
+  n_total = sum(len(v) for v in runs.values())
+  n_done = sum(r["status"] == "finished" for v in runs.values() for r in v.values())
+  args = manifest.get("args", {})
+  lines = [f"# Sweep report: `{out}`", "",
+           f"Config `{args.get('config', '?')}`{' (smoke)' if args.get('smoke') else ''}"
+           + (f", overrides {args.get('set')}" if args.get("set") else "")
+           + f"; {n_done} of {n_total} runs finished. Values: mean [95% Student-t interval] over the "
+           "seeds of finished runs (n=1: no interval). `not logged`: the trainer does not write this "
+           "metric (docs/COLLAPSE.md, hooks).", ""]
+  if n_done < n_total:
+    missing = [f"{l}/seed{s} ({r['status']}, RL step {r['rl_steps_done']}/{r['rl_steps'] or '?'})"
+               for l, v in runs.items() for s, r in v.items() if r["status"] != "finished"]
+    lines += ["**Partial sweep.** Not finished: " + ", ".join(missing) + ".", ""]
+  lines += ["## Final metrics after RL (held-out instances)", ""]
+  for m, what in FINAL:
+    if m in names:
+      lines.append(f"- `{m}`: {what}")
+  if absent:
+    lines.append(f"- {NOT_LOGGED} (no run's evaluation holds them): " + ", ".join(f"`{m}`" for m in absent))
+  rows = [["SFT policy (before RL)", str(len(summ["before_by_seed"]))] + [fmt(summ["before"][m]) for m in names]]
+  for label, by_m in summ["final"].items():
+    n = max((iv["n"] for iv in by_m.values() if isinstance(iv, dict)), default=0)
+    rows.append([f"`{label}`", str(n)] + [fmt(by_m[m]) for m in names])
+  lines += [""] + _table(["preset", "seeds"] + names, rows) + [""]
+  lines += [f"## Paired differences against `{baseline}` (same seeds; after RL)", ""]
+  if summ["paired"]:
+    rows = [[f"`{l}`"] + [fmt(by_m[m]) for m in names] for l, by_m in summ["paired"].items()]
+    lines += _table(["preset"] + names, rows)
+  else:
+    lines.append(f"No finished `{baseline}` runs to pair with.")
+  lines += ["", "## Gradient norms of the RL terms (mean over RL steps)", ""]
+  rows = [[f"`{l}`"] + [fmt(by_m[m]) for m, _ in GRADIENTS] for l, by_m in summ["gradients"].items()]
+  lines += _table(["preset"] + [f"{m} ({w})" for m, w in GRADIENTS], rows)
+  lines += ["", "## Plots", "", "![RL curves per preset](curves.png)", "",
+            "`curves.png`: per RL step, mean over seeds with a 95% band (finished and partial runs).",
+            "", "![pass@k before and after RL](pass_at_k.png)", "",
+            "`pass_at_k.png`: pass@k over k for the SFT policy (dashed) and after RL, correct = feasible "
+            "and = optimal.", "", "## Runs", ""]
+  rows = [[f"{l}/seed{s}", r["status"], f"{r['rl_steps_done']}/{r['rl_steps'] or '?'}",
+           f"{r['wall_s']:.0f}" if r["wall_s"] is not None else "—"] for l, v in runs.items() for s, r in v.items()]
+  lines += _table(["run", "status", "RL steps", "wall s (last process)"], rows)
+  return "\n".join(lines) + "\n"
+
+
+def _json_safe(x):
+  """NaN/inf -> None (strict JSON), recursively."""
+  if isinstance(x, dict):
+    return {k: _json_safe(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_json_safe(v) for v in x]
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  return x
+
+
+def write_report(out: str, baseline: str | None = None, plots: bool = True) -> dict:
+  """Write report.md, report.json, curves.png and pass_at_k.png (plots=True) into `out`; returns
+  report.json's content plus "summary" (the final-metrics table as text)."""
+  if not os.path.isdir(out):
+    raise FileNotFoundError(f"no sweep folder {out!r}")
+  runs, manifest = collect(out)
+  baseline = baseline or manifest.get("baseline", "grpo")
+  summ = summarize(runs, baseline)
+  cv = curves(runs)
+  pc = pass_curves(runs, summ["before_by_seed"])
+  if plots:
+    plot_curves(cv, os.path.join(out, "curves.png"))
+    plot_pass(pc, os.path.join(out, "pass_at_k.png"))
+  text = markdown(out, manifest, runs, summ, baseline)
+  with open(os.path.join(out, "report.md"), "w") as f:
+    f.write(text)
+  status = {f"{l}/seed{s}": {k: r[k] for k in ("status", "rl_steps_done", "rl_steps", "wall_s")}
+            for l, v in runs.items() for s, r in v.items()}
+  result = {"baseline": baseline, "runs": status, "final": summ["final"], "paired": summ["paired"],
+            "gradients": summ["gradients"], "before": summ["before"], "curves": cv,
+            "pass_at_k": {kind: {n: {str(k): iv for k, iv in by_k.items()} for n, by_k in d.items()}
+                          for kind, d in pc.items()}}
+  report.write_json(_json_safe(result), os.path.join(out, "report.json"))
+  i = text.index("## Final metrics")
+  result["summary"] = text[:text.index("## Paired", i)]
+  return result

@@ -1,0 +1,277 @@
+"""The sweep runner: settings table, input checks, the report on hand-made run folders, and the
+CLI end to end on the smoke config (shared SFT equals unshared, resume after an interruption)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dmpo_jax import report, stats, sweep, sweep_report
+from dmpo_jax.objectives import presets
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(REPO, "configs", "collapse.py")
+TIMING = ("rollout_s", "reward_s", "update_s")  # wall-clock fields: differ between any two runs
+
+
+def base(smoke=True):
+  return sweep.load_config(CONFIG, smoke=smoke)
+
+
+# ---------------------------------------------------------------------------
+# Settings and input.
+def test_settings_cover_the_issue_list_and_share_sft():
+  cfg = base(smoke=False)
+  for label in ("grpo", "dmpo", "dmpo-2-a1_15", "dmpo-20-a1_15", "dm_only-2-a1_15", "dph_f", "dph_js",
+                "rkl-0.01", "rkl-0.1", "grpo-g16", "dmpo-2-a1_15-g16"):
+    assert label in sweep.SETTINGS, label
+  seen = {}
+  for label, over in sweep.SETTINGS.items():
+    c = sweep.apply_overrides(cfg, over, label)  # every field exists and takes its value
+    seen[label] = (c.rl.algo, c.rl.group_size, c.rl.objective.dm_coef, c.rl.objective.dm_alpha,
+                   c.rl.objective.kl_coef, c.rl.objective.policy_loss)
+    assert sweep.sft_key(c) == sweep.sft_key(cfg), f"{label} would not share the SFT stage"
+  assert len(set(seen.values())) == len(seen), "two labels run the same setting"
+  assert {l for l, s in seen.items() if s[1] == 16} == {"grpo-g16", "dmpo-2-a1_15-g16"}
+  assert seen["dmpo"][2:4] == (0.5, 1.0) and seen["dmpo-20-a1_15"][2:4] == (20.0, 1 / 15)
+  assert sorted(s[4] for l, s in seen.items() if l.startswith("rkl")) == [0.01, 0.1]
+  assert seen["dm_only-2-a1_15"][5] == "none"
+  assert cfg.rl.group_size == 8  # the config itself is untouched
+
+
+def test_parse_seeds_and_sets():
+  assert sweep.parse_seeds("0-4") == [0, 1, 2, 3, 4]
+  assert sweep.parse_seeds("0-2,9") == [0, 1, 2, 9]
+  assert sweep.parse_seeds("3") == [3]
+  for bad in ("", "a", "1,1", "0-x"):
+    with pytest.raises(sweep.SweepError, match="--seeds"):
+      sweep.parse_seeds(bad)
+  assert sweep.parse_sets(["rl.steps=120", "rl.objective.policy_loss=none", "eval.pass_ks=(1, 8)"]) == {
+      "rl.steps": 120, "rl.objective.policy_loss": "none", "eval.pass_ks": (1, 8)}
+  with pytest.raises(sweep.SweepError, match="field.path=value"):
+    sweep.parse_sets(["rl.steps"])
+
+
+def test_overrides_name_bad_fields():
+  cfg = base()
+  with pytest.raises(sweep.SweepError, match="'rl.nope'"):
+    sweep.apply_overrides(cfg, {"rl.nope": 1}, "--set")
+  with pytest.raises(sweep.SweepError, match="'nope'"):
+    sweep.apply_overrides(cfg, {"nope.steps": 1}, "--set")
+  with pytest.raises(sweep.SweepError, match="rl.group_size=1.5"):
+    sweep.apply_overrides(cfg, {"rl.group_size": 1.5}, "--set")
+  with pytest.raises(sweep.SweepError, match="unknown label"):
+    sweep.plan(cfg, ["grpo", "no-such"], [0], {})
+
+
+def test_plan_skips_unbuildable_objectives_and_unshareable_settings(monkeypatch):
+  monkeypatch.setitem(sweep.SETTINGS, "bogus", {"rl.algo": "grpo", "rl.objective.policy_loss": "bogus"})
+  monkeypatch.setitem(sweep.SETTINGS, "long-sft", {"rl.algo": "grpo", "sft.steps": 5})
+  msgs = []
+  runs = sweep.plan(base(), ["grpo", "bogus", "long-sft", "dm_only-2-a1_15"], [0, 3], {"rl.steps": 2},
+                    log=msgs.append)
+  try:
+    presets.objective_config("dmpo", policy_loss="none")
+    none_ok = True
+  except ValueError:
+    none_ok = False
+  expect = ["grpo", "long-sft"] + (["dm_only-2-a1_15"] if none_ok else [])
+  assert sorted({r.label for r in runs}) == sorted(expect)
+  assert [r.seed for r in runs if r.label == "grpo"] == [0, 3]
+  assert all(r.cfg.rl.steps == 2 and r.cfg.seed == r.seed for r in runs)
+  assert any(m.startswith("skipping bogus") for m in msgs)
+  assert any("dm_only" in m and "skipping" in m for m in msgs) != none_ok
+  shared = {r.label: r.shared for r in runs}
+  assert shared["grpo"] and not shared["long-sft"]
+
+
+class FakeTrainer:
+  """Stands in for train.train: writes the workdir files the sweep and report read, and records
+  each call (workdir, whether eval_before.json was already there)."""
+
+  def __init__(self, fail=(), signal_at=()):
+    self.calls, self.fail, self.signal_at = [], set(fail), set(signal_at)
+
+  def __call__(self, cfg, wd):
+    had_before = os.path.exists(os.path.join(wd, "eval_before.json"))
+    self.calls.append((os.path.relpath(wd, os.path.dirname(os.path.dirname(wd))), had_before))
+    os.makedirs(os.path.join(wd, "checkpoints"), exist_ok=True)
+    if cfg.stop_at_step == cfg.sft.steps:  # the shared SFT stage
+      os.makedirs(os.path.join(wd, "checkpoints", str(cfg.sft.steps)))
+      with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": cfg.sft.steps, "stage": "sft", "loss": float(cfg.seed)}) + "\n")
+      return {"stopped": True, "step": cfg.sft.steps}
+    report.write_json({"overall": {"SR_mean": 0.1}}, os.path.join(wd, "eval_before.json"))
+    if cfg.rl.algo in self.fail:
+      self.fail.discard(cfg.rl.algo)  # fails once
+      raise RuntimeError("boom")
+    if cfg.rl.algo in self.signal_at:
+      return {"stopped": True, "step": cfg.sft.steps + 1}  # a signal, not config.stop_at_step
+    report.write_json({"after": {"overall": {"SR_mean": 0.2}}}, os.path.join(wd, "results.json"))
+    return {}
+
+
+def test_runner_shares_skips_records_failures_and_stops_on_signal(tmp_path, monkeypatch):
+  monkeypatch.setitem(sweep.SETTINGS, "gpg", {"rl.algo": "gpg"})
+  monkeypatch.setitem(sweep.SETTINGS, "gspo", {"rl.algo": "gspo"})
+  out = str(tmp_path)
+  runs = sweep.plan(base(), ["grpo", "gpg", "dmpo"], [0, 1], {}, log=lambda m: None)
+  fake = FakeTrainer(fail={"gpg"})
+  st = sweep.run_sweep(runs, out, train_fn=fake, progress=False, log=lambda m: None)
+  assert st["done"] == ["grpo/seed0", "grpo/seed1", "gpg/seed1", "dmpo/seed0", "dmpo/seed1"]
+  assert st["failed"] == ["gpg/seed0"]
+  assert "boom" in open(os.path.join(out, "gpg", "seed0", "sweep_error.txt")).read()
+  # one SFT stage per seed; the first run of a seed evaluates, the later ones get its eval_before
+  assert [c for c in fake.calls if c[0].startswith("_sft")] == [("_sft/seed0", False), ("_sft/seed1", False)]
+  had = dict(c for c in fake.calls if not c[0].startswith("_sft"))
+  assert had == {"grpo/seed0": False, "grpo/seed1": False, "gpg/seed0": True, "gpg/seed1": True,
+                 "dmpo/seed0": True, "dmpo/seed1": True}
+  for l, s in (("grpo", 1), ("dmpo", 1)):  # each run folder starts as a copy of the seed's SFT
+    assert os.path.isdir(os.path.join(out, l, f"seed{s}", "checkpoints", str(base().sft.steps)))
+    assert rows(os.path.join(out, l, f"seed{s}")) == rows(os.path.join(out, "_sft", f"seed{s}"))
+
+  # rerun: only the failed run runs again (and succeeds); nothing else is redone
+  fake = FakeTrainer()
+  st = sweep.run_sweep(runs, out, train_fn=fake, progress=False, log=lambda m: None)
+  assert st["done"] == ["gpg/seed0"] and len(st["skipped"]) == 5
+  assert [c[0] for c in fake.calls] == ["gpg/seed0"]
+  assert not os.path.exists(os.path.join(out, "gpg", "seed0", "sweep_error.txt"))
+
+  # a signal stops the sweep; the runs after it are pending; max_runs limits starts
+  runs = sweep.plan(base(), ["gspo", "grpo"], [2, 3], {}, log=lambda m: None)
+  st = sweep.run_sweep(runs, out, train_fn=FakeTrainer(signal_at={"gspo"}), progress=False,
+                       log=lambda m: None)
+  assert st["stopped"] == ["gspo/seed2"] and st["pending"] == ["gspo/seed3", "grpo/seed2", "grpo/seed3"]
+  st = sweep.run_sweep(runs, out, train_fn=FakeTrainer(), max_runs=2, progress=False, log=lambda m: None)
+  assert st["done"] == ["gspo/seed2", "gspo/seed3"] and st["pending"] == ["grpo/seed2", "grpo/seed3"]
+
+
+# ---------------------------------------------------------------------------
+# The report, on hand-made run folders.
+def fake_run(out, label, seed, after, before, rl_rows, finished=True, sft=3):
+  wd = os.path.join(out, label, f"seed{seed}")
+  os.makedirs(os.path.join(wd, "checkpoints"))
+  report.write_json({"sft": {"steps": sft}, "rl": {"steps": len(rl_rows)}}, os.path.join(wd, "config.json"))
+  with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+    for i, row in enumerate(rl_rows):
+      f.write(json.dumps({"step": sft + i + 1, "stage": "rl", **row}) + "\n")
+  report.write_json({"overall": before}, os.path.join(wd, "eval_before.json"))
+  if finished:
+    report.write_json({"overall": after}, os.path.join(wd, "eval_after.json"))
+    report.write_json({"after": {"overall": after}, "steps": {"sft": sft, "rl": len(rl_rows)}, "wall_s": 9.0},
+                      os.path.join(wd, "results.json"))
+
+
+def test_report_on_a_partial_sweep(tmp_path):
+  out = str(tmp_path)
+  rng = np.random.default_rng(0)
+  vals = {"grpo": [0.30, 0.50, 0.40], "dmpo": [0.45, 0.52, 0.61]}
+  before = {s: {"SR_mean": 0.2 + 0.01 * s, "pass@1": 0.1, "pass@8": 0.3 + 0.01 * s} for s in range(3)}
+  for label, v in vals.items():
+    for s in range(3):
+      after = {"SR_mean": v[s], "length": 10.0 + s, "pass@1": v[s] / 2, "pass@8": v[s]}
+      if label == "dmpo":
+        after["distinct_optimal"] = 1.0 + s
+      rows = [{"distinct": float(rng.integers(0, 4)), "length": 12.0 - i} for i in range(4)]
+      fake_run(out, label, s, after, before[s], rows)
+  fake_run(out, "rkl-0.1", 0, {}, before[0], [{"length": 12.0}], finished=False)
+  rep = sweep_report.write_report(out, plots=False)  # plots: in the end-to-end test (matplotlib is slow)
+
+  iv = stats.mean_ci(vals["dmpo"])
+  got = rep["final"]["dmpo"]["SR_mean"]
+  assert (got["mean"], got["low"], got["high"], got["n"]) == (iv.mean, iv.low, iv.high, 3)
+  d = stats.paired_difference(vals["dmpo"], vals["grpo"])
+  got = rep["paired"]["dmpo"]["SR_mean"]
+  assert np.isclose(got["mean"], np.mean(np.subtract(vals["dmpo"], vals["grpo"])))
+  assert (got["low"], got["high"]) == (d.low, d.high)
+  assert rep["final"]["grpo"]["distinct_optimal"] == sweep_report.NOT_LOGGED  # the trainer never wrote it
+  assert rep["final"]["dmpo"]["distinct_optimal"]["mean"] == 2.0
+  assert rep["final"]["grpo"]["coverage"] == sweep_report.NOT_LOGGED
+  assert rep["gradients"]["grpo"]["grad_ratio"] == sweep_report.NOT_LOGGED
+  assert "rkl-0.1" not in rep["final"] and rep["runs"]["rkl-0.1/seed0"]["status"] == "partial"
+  assert rep["before"]["pass@8"]["mean"] == pytest.approx(np.mean([before[s]["pass@8"] for s in range(3)]))
+  assert set(rep["pass_at_k"]["feasible"]) == {"SFT (before RL)", "grpo", "dmpo"}
+  assert rep["pass_at_k"]["optimal"] == {}
+  # curves: per RL step (counted from the end of SFT), the mean over seeds; partial runs count
+  c = rep["curves"]["grpo"]["distinct"]
+  assert c["step"] == [1, 2, 3, 4] and c["n"] == [3, 3, 3, 3]
+  per_seed = [[json.loads(l)["distinct"] for l in open(os.path.join(out, "grpo", f"seed{s}", "metrics.jsonl"))]
+              for s in range(3)]
+  assert np.allclose(c["mean"], np.mean(per_seed, 0))
+  assert rep["curves"]["rkl-0.1"]["length"]["n"] == [1]
+  md = open(os.path.join(out, "report.md")).read()
+  assert "Partial sweep" in md and "rkl-0.1/seed0 (partial" in md
+  assert "not logged" in md and "`coverage`" in md
+  json.load(open(os.path.join(out, "report.json")))  # strict JSON (no NaN)
+
+
+# ---------------------------------------------------------------------------
+# The CLI end to end on the smoke config.
+def cli(out, *args, cache):
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=REPO)
+  r = subprocess.run([sys.executable, "-m", "dmpo_jax.sweep", f"--config={CONFIG}", f"--out={out}",
+                      "--smoke", f"--cache_dir={cache}", "--no_progress", "--set=log.tensorboard=False",
+                      "--set=log.plots=False", "--set=checkpoint.export_hf=False", *args],
+                     cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+  return r.stdout
+
+
+def rows(workdir, stage=None):
+  out = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+  return [{k: v for k, v in r.items() if k not in TIMING} for r in out if stage in (None, r["stage"])]
+
+
+@pytest.mark.slow
+def test_sweep_end_to_end_shared_sft_and_resume(tmp_path):
+  out, cache = str(tmp_path / "sweep"), str(tmp_path / "cache")
+  run = lambda *a: cli(out, "--presets=grpo,dmpo", "--seeds=0,1", *a, cache=cache)
+  wd = lambda label, seed: os.path.join(out, label, f"seed{seed}")
+
+  # 1. one run only: the sweep stops early, the report says it is partial
+  text = run("--max_runs=1")
+  assert f"resumed {wd('grpo', 0)} at step 3 (sft)" in text  # started from the shared SFT checkpoint
+  assert os.path.exists(os.path.join(wd("grpo", 0), "results.json"))
+  assert not any(os.path.exists(wd(l, s)) for l, s in (("grpo", 1), ("dmpo", 0), ("dmpo", 1)))
+  assert os.path.exists(os.path.join(out, "_sft", "seed0", "eval_before.json"))  # shared back
+  assert "Partial sweep" in open(os.path.join(out, "report.md")).read()
+  first = os.stat(os.path.join(wd("grpo", 0), "results.json")).st_mtime_ns
+
+  # 2. the rest, interrupted one step into RL (smoke: 3 SFT steps)
+  text = run("--set=stop_at_step=4")
+  assert "grpo/seed0: finished earlier, skipped" in text
+  for l, s in (("grpo", 1), ("dmpo", 0), ("dmpo", 1)):
+    assert os.path.isdir(os.path.join(wd(l, s), "checkpoints", "4"))
+    assert not os.path.exists(os.path.join(wd(l, s), "results.json"))
+  rep = json.load(open(os.path.join(out, "report.json")))
+  assert rep["runs"]["dmpo/seed1"]["status"] == "partial" and rep["runs"]["grpo/seed0"]["status"] == "finished"
+
+  # 3. rerun: the three resume from step 4, nothing finished is redone, the report is complete
+  text = run()
+  assert text.count("resumed") == 3 and "grpo/seed0: finished earlier, skipped" in text
+  assert os.stat(os.path.join(wd("grpo", 0), "results.json")).st_mtime_ns == first
+  for l, s in (("grpo", 0), ("grpo", 1), ("dmpo", 0), ("dmpo", 1)):
+    r = rows(wd(l, s))
+    assert [x["step"] for x in r] == [1, 2, 3, 4, 5, 6] and [x["stage"] for x in r] == ["sft"] * 3 + ["rl"] * 3
+  # one SFT stage per seed: the runs of a seed start from the same policy
+  assert rows(wd("grpo", 1), "sft") == rows(wd("dmpo", 1), "sft") != rows(wd("grpo", 0), "sft")
+  rep = json.load(open(os.path.join(out, "report.json")))
+  assert all(v["status"] == "finished" for v in rep["runs"].values()) and len(rep["runs"]) == 4
+  assert rep["final"]["dmpo"]["length"]["n"] == 2 and rep["paired"]["dmpo"]["length"]["n"] == 2
+  assert "Partial sweep" not in open(os.path.join(out, "report.md")).read()
+  for f in ("curves.png", "pass_at_k.png"):
+    assert os.path.getsize(os.path.join(out, f)) > 10_000
+
+  # 4. an unshared, uninterrupted run gives the same per-step metrics and evaluations (dmpo: its DM
+  # term moves the parameters even where every reward is 0, as in the smoke setting)
+  solo = str(tmp_path / "solo")
+  cli(solo, "--presets=dmpo", "--seeds=0", "--no_share", cache=cache)
+  assert not os.path.exists(os.path.join(solo, "_sft"))
+  a, b = wd("dmpo", 0), os.path.join(solo, "dmpo", "seed0")
+  assert all(x["grad_norm"] > 0 for x in rows(a, "rl"))
+  assert rows(a) == rows(b)
+  for f in ("eval_before.json", "eval_after.json"):
+    assert report.read_json(os.path.join(a, f)) == report.read_json(os.path.join(b, f)), f
