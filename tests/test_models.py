@@ -291,3 +291,25 @@ def test_swiglu_backward_matches_autodiff():
   np.testing.assert_allclose(swiglu(gate, up), jax.nn.silu(gate) * up, rtol=1e-6)
   for a, w in zip(ours, want):
     np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_offsets_equal_dense_masks_and_bad_positions_are_refused():
+  """Padding as per-row offsets (models.positions) gives the logits of the equivalent dense
+  mask; multi-stream positions need mrope_section, which must cover head_dim / 2."""
+  from dmpo_jax.models import positions
+
+  model = tiny_model(scale=3.0)
+  ids = np.random.RandomState(4).randint(3, 61, (3, 9))
+  tokens, mask, pos = _left_padded(ids, [9, 5, 1])
+  dense = _our_logits(model, tokens, mask, pos)
+  offsets = positions.left_pad_offsets(jnp.asarray(mask))
+  np.testing.assert_array_equal(np.asarray(offsets), [0, 4, 8])
+  np.testing.assert_array_equal(np.asarray(positions.slot_positions(offsets, 9)), pos)
+  ours = np.asarray(model(jnp.asarray(tokens, jnp.int32), offsets=offsets))
+  valid = mask.astype(bool)
+  np.testing.assert_allclose(ours[valid], dense[valid], atol=1e-6)
+  with pytest.raises(ValueError, match="mrope_section is not set"):
+    model(jnp.asarray(tokens, jnp.int32), jnp.zeros((3, 3, 9), jnp.int32))
+  with pytest.raises(ValueError, match=r"mrope_section \(2, 1\) must sum to head_dim / 2 = 4"):
+    tiny_config(mrope_section=(2, 1))

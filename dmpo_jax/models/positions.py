@@ -52,11 +52,3 @@ def visible(offsets, query_slots, key_slots):
   k = jnp.asarray(key_slots)
   return (k[None, None, :] <= q[..., None]) & (k[None, None, :] >= offsets[:, None, None])
 
-
-def as_streams(positions, streams: int):
-  """positions [B, L] or [R, B, L] -> [R, B, L] with R = `streams` (text: repeated)."""
-  if positions.ndim == 2:
-    return jnp.broadcast_to(positions[None], (streams,) + positions.shape)
-  if positions.ndim != 3 or positions.shape[0] != streams:
-    raise ValueError(f"positions must be [B, L] or [{streams}, B, L], got {positions.shape}")
-  return positions
