@@ -239,3 +239,31 @@ def test_prepare_refuses_mismatched_images(hf_vl):
     model.prepare(ids, grids[1:], attention_mask=mask, patch_budget=BUDGET)
   with pytest.raises(ValueError, match="patch budget of 80"):
     model.prepare(ids, grids, attention_mask=mask, patch_budget=80)
+
+
+@pytest.mark.slow
+def test_save_opens_in_transformers(hf_vl, tmp_path):
+  from transformers import Qwen2_5_VLForConditionalGeneration
+
+  torch_model, path = hf_vl
+  model, processor = hf.load(path)
+  out = str(tmp_path / "saved")
+  hf.save(model, processor, out)
+  again = Qwen2_5_VLForConditionalGeneration.from_pretrained(out).eval()
+  assert again.config.text_config.rope_parameters["mrope_section"] == [2, 1, 2]
+  assert again.config.vision_config.fullatt_block_indexes == [1]
+  ref = torch_model.state_dict()
+  assert set(again.state_dict()) == set(ref)
+  for name, value in again.state_dict().items():  # every weight round-trips exactly
+    np.testing.assert_array_equal(value.numpy(), ref[name].numpy(), err_msg=name)
+  ids, mask, grids, pixels = _batch(GRIDS, 0)
+  run, _ = _jitted(model)
+  ours = run(ids, mask, grids, pixels)
+  theirs = _reference(again, ids, mask, grids, pixels)
+  err = float(np.abs(ours[mask > 0] - theirs[mask > 0]).max())
+  print(f"save -> transformers load: logits max abs diff {err:.2e}")
+  assert err < 1e-4
+  reloaded, proc = hf.load(out)  # and back: the same model and processor
+  assert reloaded.cfg == model.cfg and proc.image_token_id == IMAGE
+  for x, y in zip(_params(model), _params(reloaded)):
+    np.testing.assert_array_equal(x, y)

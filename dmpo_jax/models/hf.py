@@ -300,6 +300,9 @@ def save(model: Transformer, tokenizer, path: str) -> None:
   """
   from safetensors.flax import save_file
 
+  if hasattr(model, "visual"):  # a Qwen2.5-VL; `tokenizer` is then its VLProcessor (or None)
+    from dmpo_jax.models import qwen2_5_vl
+    return qwen2_5_vl.save(model, tokenizer, path)
   parent = os.path.dirname(os.path.abspath(path)) or "."
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".tmp-hf-", dir=parent)

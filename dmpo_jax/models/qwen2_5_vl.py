@@ -243,3 +243,89 @@ def load(path: str, *, dtype: str = "float32", param_dtype: str | None = None,
                             f"{processor.image_token_id}")
     processor.check_vision_config(cfg.vision)
   return model, processor
+
+
+def config_to_hf(cfg: VLConfig) -> dict[str, Any]:
+  """VLConfig -> a config.json dict in the nested layout transformers 5 writes and opens."""
+  text = hf.config_to_hf(cfg.text.replace(mrope_section=None))
+  for name in ("architectures", "tie_word_embeddings", "torch_dtype", "rope_theta",
+               "rope_scaling", "attention_bias", "mlp_bias"):
+    text.pop(name, None)
+  text.update(model_type="qwen2_5_vl_text", rope_parameters={
+      "rope_type": "default", "rope_theta": cfg.text.rope_theta,
+      "mrope_section": list(cfg.text.mrope_section)})
+  vc = cfg.vision
+  fields = ("depth", "hidden_size", "intermediate_size", "num_heads", "in_channels",
+            "patch_size", "temporal_patch_size", "spatial_merge_size", "window_size",
+            "out_hidden_size")
+  vision_cfg = {f: getattr(vc, f) for f in fields}
+  vision_cfg.update(model_type="qwen2_5_vl_vision", hidden_act="silu",
+                    fullatt_block_indexes=list(vc.fullatt_block_indexes),
+                    rope_parameters={"rope_type": "axial", "rope_theta": vc.rope_theta})
+  out = {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, "text_config": text,
+         "vision_config": vision_cfg, "image_token_id": cfg.image_token_id,
+         "tie_word_embeddings": cfg.text.tie_embeddings, "torch_dtype": cfg.text.param_dtype}
+  for name in ("video_token_id", "vision_start_token_id", "vision_end_token_id"):
+    if getattr(cfg, name) is not None:
+      out[name] = getattr(cfg, name)
+  return out
+
+
+def _vision_tensors(tower: VisionTower) -> dict[str, np.ndarray]:
+  """The tower's parameters under HF's names (released layout, 'visual.'): the inverse of
+  `vision.load_vision_params` (q, k, v fused back into qkv, the Conv3d kernel reshaped)."""
+  cfg = tower.cfg
+  pure = nnx.to_pure_dict(nnx.state(tower, nnx.Param))
+  fused: dict[str, dict[str, np.ndarray]] = {}
+  out = {}
+  for ours, (name, how) in vision._vision_name_map(cfg).items():
+    node = pure
+    for key in ours:
+      node = node[key]
+    value = np.asarray(node)
+    if how in ("q", "k", "v"):
+      fused.setdefault(name, {})[how] = value.T if value.ndim == 2 else value
+      continue
+    if how == "conv":
+      value = value.T.reshape(cfg.hidden_size, cfg.in_channels, cfg.temporal_patch_size,
+                              cfg.patch_size, cfg.patch_size)
+    out["visual." + name] = value.T if how == "T" else value
+  for name, parts in fused.items():
+    out["visual." + name] = np.concatenate([parts[p] for p in "qkv"], 0)
+  return out
+
+
+def save(model: Qwen2_5_VL, processor, path: str) -> None:
+  """Write `model` (and `processor`: a VLProcessor, or None) as a folder transformers opens
+  with `Qwen2_5_VLForConditionalGeneration.from_pretrained`: config.json, model.safetensors
+  (released tensor names: `visual.*`, `model.layers.*`), tokenizer and image processor files.
+  Written to a temporary folder and moved into place, as `hf.save` does."""
+  import shutil
+  import tempfile
+
+  import jax
+  from safetensors.flax import save_file
+
+  parent = os.path.dirname(os.path.abspath(path)) or "."
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".tmp-hf-", dir=parent)
+  try:
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+      json.dump(config_to_hf(model.cfg), f, indent=2)
+    text = {k: np.asarray(jax.device_get(v)) for k, v in hf._hf_tensors(model.language).items()}
+    tensors = {**text, **_vision_tensors(model.visual)}
+    save_file({k: jnp.asarray(v) for k, v in tensors.items()},
+              os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    if processor is not None:
+      processor.save_pretrained(tmp)
+    if os.path.exists(path):
+      old = path.rstrip("/") + ".old"
+      shutil.rmtree(old, ignore_errors=True)
+      os.replace(path, old)
+      os.replace(tmp, path)
+      shutil.rmtree(old, ignore_errors=True)
+    else:
+      os.replace(tmp, path)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
