@@ -71,27 +71,31 @@ def hf_vl(tmp_path_factory):
 
 
 def _batch(grids, seed):
-  """Two left-padded text-image-text rows of LENGTH slots, one image each (of `grids`)."""
+  """Two left-padded rows of LENGTH slots: text-image-text for each image of `grids` (row 0
+  first), text only for a row without one."""
   rng = np.random.RandomState(seed)
-  merged = [int(g.prod()) // 4 for g in grids]
-  rows = [[2, 3, START] + [IMAGE] * merged[0] + [END, 4, 5, 6],
-          [2, START] + [IMAGE] * merged[1] + [END, 10 + seed, 11]]
+  grids = np.array(grids, np.int64).reshape(-1, 3)
+  merged = [int(g.prod()) // 4 for g in grids] + [0, 0]
+  rows = [[2, 3, START] + [IMAGE] * merged[0] + [END, 4, 5, 6] if merged[0] else [2, 3, 4],
+          [2, START] + [IMAGE] * merged[1] + [END, 10 + seed, 11] if merged[1] else
+          [5, 6, 10 + seed, 11, 12]]
   ids = np.zeros((2, LENGTH), np.int32)
   mask = np.zeros_like(ids)
   for i, r in enumerate(rows):
     ids[i, LENGTH - len(r):] = r
     mask[i, LENGTH - len(r):] = 1
   pixels = rng.randn(vision.num_patches(grids), 3 * 2 * 14 * 14).astype(np.float32)
-  return ids, mask, np.array(grids), pixels
+  return ids, mask, grids, pixels
 
 
 def _reference(model, ids, mask, grids, pixels):
   import torch
 
+  images = {"pixel_values": torch.tensor(pixels), "image_grid_thw": torch.tensor(grids)}
   with torch.no_grad():  # mm_token_type_ids: without it transformers uses 1-D positions
     out = model(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
-                pixel_values=torch.tensor(pixels), image_grid_thw=torch.tensor(grids),
-                mm_token_type_ids=torch.tensor((ids == IMAGE).astype(np.int64)))
+                mm_token_type_ids=torch.tensor((ids == IMAGE).astype(np.int64)),
+                **(images if len(grids) else {}))
   return out.logits.numpy()
 
 
@@ -123,9 +127,9 @@ def test_logits_match_transformers(hf_vl):
   assert model.cfg.text.mrope_section == (2, 1, 2) and model.cfg.vision.fullatt_block_indexes == (1,)
   run, traces = _jitted(model)
   worst = 0.0
-  # Two batches of different image sizes (the second swaps which row has the large image):
-  # one compilation serves both.
-  for seed, grids in ((0, GRIDS), (1, GRIDS[::-1])):
+  # Batches of different image sizes (the second swaps which row has the large image), one
+  # image and a text-only row, text only: one compilation serves all.
+  for seed, grids in ((0, GRIDS), (1, GRIDS[::-1]), (2, GRIDS[:1]), (3, GRIDS[:0])):
     ids, mask, grids, pixels = _batch(grids, seed)
     ref = _reference(torch_model, ids, mask, grids, pixels)
     ours = run(ids, mask, grids, pixels)
@@ -267,3 +271,24 @@ def test_save_opens_in_transformers(hf_vl, tmp_path):
   assert reloaded.cfg == model.cfg and proc.image_token_id == IMAGE
   for x, y in zip(_params(model), _params(reloaded)):
     np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.slow  # its own compile
+def test_bfloat16_logits_and_logical_axes(hf_vl):
+  torch_model, path = hf_vl
+  model, _ = hf.load(path, dtype="bfloat16")
+  assert model.language.layers[0].attn.q[...].dtype == jnp.bfloat16
+  assert model.visual.blocks[0].attn.q[...].dtype == jnp.bfloat16
+  leaves = jax.tree.leaves(nnx.state(model, nnx.Param), is_leaf=lambda x: isinstance(x, nnx.Variable))
+  assert len(leaves) == 3 * 16 + 6 + 2 * 12 + 3
+  for leaf in leaves:  # every loaded parameter keeps its logical axis names for sharding
+    names = leaf.get_metadata().get("out_sharding")
+    assert names is not None and len(names) == len(leaf.get_value().shape)
+  ids, mask, grids, pixels = _batch(GRIDS, 0)
+  ours = _jitted(model)[0](ids, mask, grids, pixels)
+  ref = _reference(torch_model, ids, mask, grids, pixels)
+  # bf16 keeps 8 bits of mantissa: a few 2^-8 relative per op over 3 + 2 blocks.
+  err = float(np.abs(ours[mask > 0] - ref[mask > 0]).max())
+  print(f"Qwen2.5-VL bf16 logits max abs diff vs transformers f32: {err:.2e} "
+        f"(range {np.abs(ref[mask > 0]).max():.2f})")
+  assert err < 0.05 * np.abs(ref[mask > 0]).max()

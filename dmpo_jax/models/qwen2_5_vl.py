@@ -90,7 +90,11 @@ class Qwen2_5_VL(nnx.Module):
                                          attention_mask=mask)
     budget = patch_budget if patch_budget is not None else max(vision.num_patches(grids),
                                                                vc.merge_unit)
-    return {"layout": vision.vision_layout(grids, vc, budget), "positions": positions,
+    # Without images the tower still runs (fixed shapes) on one dummy merged token that no
+    # image-pad token reads.
+    m = vc.spatial_merge_size
+    layout = vision.vision_layout(grids if len(grids) else [[1, m, m]], vc, budget)
+    return {"layout": layout, "positions": positions,
             "deltas": deltas, "offsets": (mask.shape[1] - (mask > 0).sum(1)).astype(np.int32)}
 
   def embed(self, tokens, pixel_values, layout: Mapping[str, Any]):
