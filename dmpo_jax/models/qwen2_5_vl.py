@@ -81,7 +81,7 @@ class Qwen2_5_VL(nnx.Module):
     grids = grids.reshape(-1, 3)
     vc = self.cfg.vision
     wanted = vision.num_patches(grids) // vc.merge_unit
-    have = int(((ids == self.cfg.image_token_id) & (mask > 0)).sum())
+    have = int((ids == self.cfg.image_token_id).sum())  # `embed` counts them in every slot
     if have != wanted:
       raise ValueError(f"input_ids hold {have} image-pad tokens (id {self.cfg.image_token_id}) "
                        f"but image_grid_thw {grids.tolist()} gives {wanted} merged patches")
@@ -228,7 +228,10 @@ def load(path: str, *, dtype: str = "float32", param_dtype: str | None = None,
   (the folder's tokenizer and image processor), None if the folder has neither."""
   from dmpo_jax.models.vl_processor import PROCESSOR_FILE, VLProcessor, _TOKENIZER_FILES
 
-  with open(os.path.join(path, "config.json")) as f:
+  cfg_file = os.path.join(path, "config.json")
+  if not os.path.exists(cfg_file):
+    raise CheckpointError(f"{cfg_file} is missing")
+  with open(cfg_file) as f:
     cfg = config_from_hf(json.load(f), dtype=dtype, param_dtype=param_dtype)
   files = hf._safetensor_files(path)
   language = load_language_params(files, cfg.text)
@@ -240,11 +243,8 @@ def load(path: str, *, dtype: str = "float32", param_dtype: str | None = None,
   has = lambda names: any(os.path.exists(os.path.join(path, n)) for n in names)
   processor = None
   if has((PROCESSOR_FILE,) + _TOKENIZER_FILES):
+    # from_folder also checks config.json's image_token_id against the tokenizer.
     processor = VLProcessor.from_folder(path, patch_budget=patch_budget)
-    if processor.image_token_id != cfg.image_token_id:
-      raise CheckpointError(f"config.json image_token_id={cfg.image_token_id}, but the "
-                            f"tokenizer maps {processor.image_token!r} to "
-                            f"{processor.image_token_id}")
     processor.check_vision_config(cfg.vision)
   return model, processor
 
