@@ -242,14 +242,19 @@ def load_params(path: str, cfg: ModelConfig) -> Transformer:
 
 
 def load(path: str, *, dtype: str = "float32", param_dtype: str | None = None):
-  """A local HF folder -> (model, tokenizer). tokenizer is None if the folder has none."""
+  """A local HF folder -> (model, tokenizer). tokenizer is None if the folder has none.
+  A Qwen2.5-VL folder gives (`qwen2_5_vl.Qwen2_5_VL`, `VLProcessor` or None)."""
   if not os.path.isdir(path):
     raise CheckpointError(f"checkpoint folder {path!r} does not exist")
   cfg_file = os.path.join(path, "config.json")
   if not os.path.exists(cfg_file):
     raise CheckpointError(f"{cfg_file} is missing")
   with open(cfg_file) as f:
-    cfg = config_from_hf(json.load(f), dtype=dtype, param_dtype=param_dtype)
+    hf_cfg = json.load(f)
+  if hf_cfg.get("model_type") == "qwen2_5_vl":  # vision-language: (model, VLProcessor)
+    from dmpo_jax.models import qwen2_5_vl
+    return qwen2_5_vl.load(path, dtype=dtype, param_dtype=param_dtype)
+  cfg = config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype)
   model = load_params(path, cfg)
   return model, load_tokenizer(path)
 
@@ -295,6 +300,9 @@ def save(model: Transformer, tokenizer, path: str) -> None:
   """
   from safetensors.flax import save_file
 
+  if hasattr(model, "visual"):  # a Qwen2.5-VL; `tokenizer` is then its VLProcessor (or None)
+    from dmpo_jax.models import qwen2_5_vl
+    return qwen2_5_vl.save(model, tokenizer, path)
   parent = os.path.dirname(os.path.abspath(path)) or "."
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".tmp-hf-", dir=parent)

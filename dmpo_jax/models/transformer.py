@@ -327,8 +327,9 @@ class Transformer(nnx.Module):
     return offsets, q_slots, jnp.arange(p + s, dtype=jnp.int32), p == 0 and s == l
 
   def hidden(self, tokens, positions=None, *, offsets=None, mask=None,
-             cache: Cache | None = None, cache_index=None):
-    """Final-norm hidden states [B, L, D] (and the updated cache if one is given)."""
+             cache: Cache | None = None, cache_index=None, embeds=None):
+    """Final-norm hidden states [B, L, D] (and the updated cache if one is given).
+    embeds [B, L, D], if given, replaces the token embeddings (e.g. image features)."""
     b, l = tokens.shape
     dt = as_dtype(self.cfg.dtype)
     offsets, q_slots, k_slots, fused = self._layout(b, l, offsets, cache, cache_index)
@@ -338,7 +339,8 @@ class Transformer(nnx.Module):
       mask = positions_lib.visible(offsets, q_slots, k_slots)  # [B, L, S]
     else:
       fused = False  # an explicit mask is served by the reference core
-    x = jnp.take(self.embed[...], tokens, axis=0).astype(dt)
+    x = jnp.take(self.embed[...], tokens, axis=0) if embeds is None else embeds
+    x = x.astype(dt)
     tabs = rope_tables(positions, self.cfg)
     new_cache = []
     for i, layer in enumerate(self.layers):
