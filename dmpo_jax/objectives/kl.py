@@ -1,4 +1,4 @@
-"""Per-token KL estimators to a reference policy (Schulman's k1, k2, k3; METHODS.md).
+"""Per-token KL estimators to a reference policy (Schulman's k1, k2, k3; docs/METHODS.md).
 
 With l = log pi_theta, l_ref = log pi_ref on tokens sampled from pi_theta:
 k1 = l - l_ref, k2 = (l - l_ref)^2 / 2, k3 = exp(l_ref - l) - (l_ref - l) - 1.
