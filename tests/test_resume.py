@@ -1,5 +1,6 @@
-"""Resume drills: every preset, stopped mid-RL and resumed in this process, ends bit-identical
-to an uninterrupted run (params, optimizer state, every logged metric but timings)."""
+"""Resume drills: every preset, stopped at the end of SFT and again mid-RL and resumed in this
+process, ends bit-identical to an uninterrupted run (params, optimizer state, every logged
+metric but timings)."""
 
 import json
 
@@ -39,9 +40,12 @@ def test_resume_mid_rl_is_bit_identical(algo, tmp_path):
   a, b = tmp_path / "a", tmp_path / "b"
   arg = f"smoke,algo={algo}"
   train_lib.train(smoke(arg, **DRILL), str(a))
+  needs_ref = presets.needs_reference(presets.objective_config(algo))
+  # stop at the end of SFT, then after the first RL step
+  assert train_lib.train(smoke(arg, **DRILL, stop_at_step=1), str(b)) == {"stopped": True, "step": 1}
+  assert not ckpt_lib.Checkpointer(str(b / "checkpoints"), keep=1).has_reference()
   assert train_lib.train(smoke(arg, **DRILL, stop_at_step=2), str(b)) == {"stopped": True, "step": 2}
   ck = ckpt_lib.Checkpointer(str(b / "checkpoints"), keep=1)
-  needs_ref = presets.needs_reference(presets.objective_config(algo))
   assert ck.has_reference() == needs_ref  # written when RL started, at step 1
   ck.close()
   train_lib.train(smoke(arg, **DRILL), str(b))  # resumes 2 -> 4
