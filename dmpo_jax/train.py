@@ -49,7 +49,7 @@ from dmpo_jax.training.state import LOG_Z_SEED_OFFSET, TrainState, checkpoint_me
 from dmpo_jax.training.update import auto_micro_batches, make_optimizer, micro_batches, update
 
 FLAGS = flags.FLAGS
-__all__ = ["train", "TrainingError", "build_model", "model_shape", "objective_from_config",
+__all__ = ["train", "setup", "Run", "TrainingError", "build_model", "model_shape", "objective_from_config",
            "check_config", "make_optimizer", "micro_batches", "auto_micro_batches", "make_sampler"]
 
 
