@@ -422,7 +422,7 @@ def reference_policy(ckpt: ckpt_lib.Checkpointer, state: TrainState, rl_start: i
   """The policy at the start of RL, which KL terms and FlowRL read: restored from the
   checkpoint's reference item on resume, else a copy of the params saved as that item
   (written once, outside the rotation of step checkpoints)."""
-  if ckpt.has_reference():
+  if dist.agree(ckpt.has_reference()):  # every process takes the same branch
     return ckpt.restore_reference(state.params)
   if state.step > rl_start:
     print(f"warning: {ckpt.reference_path} is missing (a run from before it was saved); "
