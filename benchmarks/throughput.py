@@ -51,7 +51,7 @@ def main(argv=None):
   from dmpo_jax.models.transformer import Transformer
   from dmpo_jax.objectives import presets
   from dmpo_jax.sampling import sampler as sampler_lib
-  from dmpo_jax.train import make_optimizer
+  from dmpo_jax.training import make_optimizer
   from sampler import DEFAULT_CONFIG, matmul_rate
   from train_step import update_flops
 

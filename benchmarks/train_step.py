@@ -1,5 +1,10 @@
 """One full RL step, split: rollout (our sampler), reward (host: decode + verify), update.
 
+The step is the training loop's own: `training.collect_rollouts` (the jitted
+sampler of `training.make_sampler`, host scoring) then `training.update`
+(`steps.make_rl_step`'s jitted update), with one rollout chunk (no overlap,
+so the two are timed apart).
+
     python benchmarks/train_step.py
 
 Shapes: the policy issue's benchmark (8 prompts x 8 samples, prompt 64, 128
@@ -13,7 +18,8 @@ reach alone (the same dots at the same shapes with nothing in between: on a
 2-core CPU, hidden-256 matmuls run well below the square rate). Rewards:
 completions are decoded with the task tokenizer (ids modulo its vocabulary)
 and verified against a TSP instance,
-the host work a real step does. The update runs as one pass over the batch
+the host work a real step does; small noise is added to the rewards so
+that advantages are not all zero. The update runs as one pass over the batch
 and, where the training default differs (rl.micro_batches = 0: on a CPU,
 one slice per prompt group for objectives that are means over sequences and
 groups, exact up to summation order), as that. Last line: one JSON object.
@@ -93,12 +99,26 @@ def matmuls_alone_rate(cfg, rows: int, length: int, predicted: int, reps: int = 
   return update_flops(cfg, rows, length, predicted) / seconds
 
 
+class BenchEncoder:
+  """The benchmark's prompts: a fixed random [LP] row per instance (the shapes under test,
+  not a real prompt), and completions decoded with ids modulo the task tokenizer's size."""
+
+  def __init__(self, encoder, rows: dict, vocab: int):
+    self.encoder, self.rows, self.vocab, self.pad = encoder, rows, vocab, encoder.pad
+
+  def encode(self, key, q):
+    return self.rows[id(q)]
+
+  def texts(self, tokens, mask):
+    return self.encoder.texts(tokens % self.vocab, mask)
+
+
 def main(argv=None):
   import jax
   import jax.numpy as jnp
   from flax import nnx
 
-  from dmpo_jax import pipeline, steps
+  from dmpo_jax import pipeline, sharding, steps
   from dmpo_jax import tasks as tasks_lib
   from dmpo_jax.models import tokenizer
   from dmpo_jax.models.hf import config_from_hf
@@ -106,7 +126,8 @@ def main(argv=None):
   from dmpo_jax.objectives import presets
   from dmpo_jax.sampling import sampler as sampler_lib
   from dmpo_jax.tasks import rewards as rewards_lib
-  from dmpo_jax.train import auto_micro_batches, make_optimizer
+  from dmpo_jax.training import TrainState, collect_rollouts, make_sampler, update
+  from dmpo_jax.training.update import auto_micro_batches, make_optimizer
   from sampler import DEFAULT_CONFIG, matmul_rate
 
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -119,33 +140,29 @@ def main(argv=None):
   params = {"model": state}
   rng = np.random.default_rng(0)
   prompts = rng.integers(3, cfg.vocab_size, (P, LP)).astype(np.int32)  # one per group
-  pt = np.repeat(prompts, G, 0)  # each sample's prompt
-  pm = np.ones_like(pt)
-  scfg = sampler_lib.SamplingConfig(max_new_tokens=LT, num_samples=G, temperature=1.0)
-  sample = jax.jit(lambda p, a, b, r: sampler_lib._generate(graphdef, p["model"], a, b, r, scfg))
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  rep, data_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh, 1)
+  p_sh = {"model": sharding.param_shardings(state, mesh)}
+  scfg = sampler_lib.SamplingConfig(max_new_tokens=LT, num_samples=G, temperature=1.0)  # EOS off
+  sample = make_sampler(graphdef, scfg, p_sh, data_sh, rep)  # the training loop's
   tok = tokenizer.build()
-  enc = pipeline.PromptEncoder(tok, "compact", LP)
   task = tasks_lib.get("TSP")
   items = [("TSP", task.generate(i, "tiny")) for i in range(P)]
+  enc = BenchEncoder(pipeline.PromptEncoder(tok, "compact", LP),
+                     {id(q): list(row) for (_, q), row in zip(items, prompts)}, len(tok))
   reward_cfg = rewards_lib.RewardConfig()
-  gts = [task.reference_value(q) for _, q in items]
+  objective = presets.objective_config("grpo")  # rollouts: no reward shaping
 
-  def one_step(update, params, opt_state, i):
-    t0 = time.perf_counter()
-    r = sample(params, prompts, np.ones_like(prompts), jax.random.key(i))
-    tokens = np.asarray(r.tokens)
-    t1 = time.perf_counter()
-    texts = enc.texts(tokens % len(tok), np.asarray(r.mask))
-    rewards, _ = pipeline.score_groups(items, texts, G, reward_cfg, gts)
+  def one_step(update_fn, train_state, i):
+    """training.collect_rollouts then training.update, as the RL stage runs them."""
+    rollouts = collect_rollouts(sample, train_state.params, items, enc, key=jax.random.key(i),
+                                group_size=G, chunks=1, reward_cfg=reward_cfg, objective=objective,
+                                prompt_len=LP, completion_len=LT, data_sh=data_sh)
     t2 = time.perf_counter()
-    batch = {"seqs": {"tokens": jnp.concatenate([jnp.asarray(pt), r.tokens], 1).reshape(P, G, LP + LT),
-                      "prompt_mask": jnp.asarray(pm).reshape(P, G, LP)},
-             "mask": r.mask.reshape(P, G, LT), "old_logprobs": r.logprobs.reshape(P, G, LT),
-             "rewards": jnp.asarray(rewards + rng.normal(0, 0.1, rewards.shape).astype(np.float32))}
-    params, opt_state, m = update(params, opt_state, batch)
-    jax.block_until_ready(m["loss"])
+    rollouts.rewards = rollouts.rewards + rng.normal(0, 0.1, rollouts.rewards.shape).astype(np.float32)
+    train_state, _ = update(train_state, rollouts.batch(data_sh), update_fn)
     t3 = time.perf_counter()
-    return params, opt_state, (t1 - t0, t2 - t1, t3 - t2)
+    return train_state, (rollouts.sample_s, rollouts.score_s, t3 - t2)
 
   rate = matmul_rate()
   flops = update_flops(cfg, P * G, LP + LT - 1, LT)
@@ -159,13 +176,13 @@ def main(argv=None):
     results = {}
     for mb in sorted({1, auto}):
       opt = make_optimizer(1e-5, 100, 1, 1.0)
-      update = steps.make_rl_step(graphdef, obj, opt, LP, 1.0, micro_batches=mb)
+      update_fn = steps.make_rl_step(graphdef, obj, opt, LP, 1.0, micro_batches=mb)
       p = jax.tree.map(jnp.copy, params)
-      o = opt.init(p)
-      p, o, _ = one_step(update, p, o, 0)  # compile
+      st = TrainState(params=p, opt_state=opt.init(p), step=0, key=jax.random.key(0))
+      st, _ = one_step(update_fn, st, 0)  # compile
       best = None
       for i in range(args.reps):
-        p, o, t = one_step(update, p, o, i + 1)
+        st, t = one_step(update_fn, st, i + 1)
         best = t if best is None else tuple(min(a, b) for a, b in zip(best, t))
       rows = P * G // mb
       if rows not in own:

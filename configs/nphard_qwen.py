@@ -3,10 +3,12 @@
     python -m dmpo_jax.train --config=configs/nphard_qwen.py:/models/Qwen2.5-1.5B-Instruct \
         --workdir=runs/qwen_dmpo --config.rl.algo=dmpo
 
-Qwen2.5-0.5B, 1.5B and 7B-Instruct all use this config on 8 x H200 (fsdp 8,
-remat, 4 micro-batches); `python -m dmpo_jax.plan --config=configs/nphard_qwen.py:<folder>`
-prints the memory plan for a folder (docs/PERFORMANCE.md has all three). On
-one GPU use --config.mesh.fsdp=1 and, for 7B, --config.rl.micro_batches=32.
+The settings (fsdp over all devices, remat, 4 micro-batches) are sized by the
+memory plan for Qwen2.5-0.5B, 1.5B and 7B-Instruct on 8 devices of 141 GiB;
+no accelerator run of this config has been measured yet. `python -m
+dmpo_jax.plan --config=configs/nphard_qwen.py:<folder>` prints the plan for a
+folder and a mesh. On one device use --config.mesh.fsdp=1 and, for 7B, more
+micro-batches (--config.rl.micro_batches=32).
 
 The argument after the colon is the local Hugging Face folder (config.json,
 *.safetensors, tokenizer files); nothing is downloaded. Prompts are

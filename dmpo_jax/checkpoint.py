@@ -5,6 +5,11 @@ step, the stage, the PRNG key data, the data position, the model shape, the
 full config, counters). Orbax writes each step into a temporary folder and
 renames it when complete, so an interrupted save leaves the previous
 checkpoints as they were; ``latest_step`` only ever sees finished ones.
+
+The reference policy of objectives that read one (a KL term, FlowRL) is its
+own item, ``checkpoints/reference``: written once when RL starts, outside
+the step rotation (``keep`` never deletes it), and restored on resume so that
+a resumed run regularises toward the same policy as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -20,12 +25,16 @@ class CheckpointError(RuntimeError):
   """A checkpoint cannot be used with this run (another model shape, corrupt, ...)."""
 
 
+REFERENCE = "reference"  # folder of the reference policy inside the checkpoint directory
+
+
 class Checkpointer:
 
   def __init__(self, directory: str, keep: int = 3):
     self.directory = os.path.abspath(directory)
     self.mngr = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+    self.reference_path = os.path.join(self.directory, REFERENCE)
 
   def latest_step(self) -> int | None:
     return self.mngr.latest_step()
@@ -59,6 +68,29 @@ class Checkpointer:
     except Exception as e:  # orbax raises assorted types on shape/structure mismatch
       raise CheckpointError(f"cannot restore {self.directory}/{step}: {e}") from e
     return state["params"], state["opt_state"], meta
+
+  def has_reference(self) -> bool:
+    return os.path.isdir(self.reference_path)
+
+  def save_reference(self, params) -> None:
+    """Write the reference policy once (an existing one is kept: it is the run's)."""
+    if self.has_reference():
+      return
+    saver = ocp.StandardCheckpointer()
+    saver.save(self.reference_path, params)
+    saver.wait_until_finished()
+    saver.close()
+
+  def restore_reference(self, params):
+    """The saved reference policy, in the structure and shardings of `params`."""
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
+    loader = ocp.StandardCheckpointer()
+    try:
+      return loader.restore(self.reference_path, abstract)
+    except Exception as e:  # orbax raises assorted types on shape/structure mismatch
+      raise CheckpointError(f"cannot restore the reference policy {self.reference_path}: {e}") from e
+    finally:
+      loader.close()
 
   def close(self):
     self.mngr.close()

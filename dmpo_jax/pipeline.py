@@ -1,9 +1,10 @@
 """Host-side data flow of training: instances -> prompt ids -> (sampler) -> texts -> rewards.
 
-Everything here is deterministic in (seed, step): the instance of row i at
-step s has seed ``seed * 10**7 + s * rows + i``-style offsets, so a resumed run
-sees exactly the data it would have seen (the data position is the step).
-Evaluation instances use seeds from 1,000,000 (the TFDS test split's).
+Everything here is deterministic in (seed, step): row i of stage `stage` at
+step s is generated from a hash of (seed, stage, s, i) below 1,000,000, so a
+resumed run sees exactly the data it would have seen (the data position is
+the step). Evaluation instances use seeds from 1,000,000 (the TFDS test
+split's), so training never sees them.
 """
 
 from __future__ import annotations

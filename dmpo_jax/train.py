@@ -4,16 +4,19 @@ r"""Train a policy on the NP tasks: SFT warm start, DPH pre-sampling, RL, evalua
     python -m dmpo_jax.train --config=configs/nphard.py:algo=grpo --workdir=runs/grpo \
         --config.rl.steps=100
 
-The run, top to bottom (STYLE.md 2): setup -> SFT -> evaluation before RL ->
-DPH pre-sampling (dph_* presets) -> RL -> evaluation after RL -> table,
-plots, HF export. Every stage resumes from the workdir: checkpoints (orbax)
-hold params, optimizer state, step, PRNG key and data position (the step:
-data is a pure function of (seed, step)); finished evaluations and the DPH
-store are files. SIGINT/SIGTERM save a checkpoint and exit cleanly.
+`train` reads top to bottom: setup -> SFT -> evaluation before RL -> DPH
+pre-sampling (dph_* presets) -> RL -> evaluation after RL -> table, plots,
+HF export. One RL step is `training.collect_rollouts` then `training.update`
+(docs/ARCHITECTURE.md follows it file by file). Every stage resumes from the
+workdir: checkpoints (orbax) hold the train state (params, optimizer state,
+step, PRNG key, counters; the data position is the step, since data is a
+pure function of (seed, step)) and, for objectives that read one, the
+reference policy; finished evaluations and the DPH store are files.
+SIGINT/SIGTERM save a checkpoint and exit cleanly.
 
-Workdir: config.json, checkpoints/, metrics.jsonl, tb/, eval_before.json,
-eval_after.json, results.json, dph_store.npz, training.png,
-before_after.png, hf/ (the final policy as a Hugging Face folder).
+Workdir: config.json, checkpoints/ (steps, and reference/), metrics.jsonl,
+tb/, eval_before.json, eval_after.json, results.json, dph_store.npz,
+training.png, before_after.png, hf/ (the final policy as a Hugging Face folder).
 """
 
 from __future__ import annotations
@@ -23,11 +26,10 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
@@ -38,11 +40,17 @@ from dmpo_jax import evaluation, pipeline, report, sharding, steps
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import hf, tokenizer as tok_lib
 from dmpo_jax.models.config import ModelConfig
-from dmpo_jax.objectives import dapo, flowrl, presets
+from dmpo_jax.objectives import flowrl, presets, terms
 from dmpo_jax.sampling import sampler as sampler_lib
 from dmpo_jax.tasks import rewards as rewards_lib
+from dmpo_jax.training import dph
+from dmpo_jax.training.rollout import collect_rollouts, make_sampler
+from dmpo_jax.training.state import LOG_Z_SEED_OFFSET, TrainState, checkpoint_meta
+from dmpo_jax.training.update import auto_micro_batches, make_optimizer, micro_batches, update
 
 FLAGS = flags.FLAGS
+__all__ = ["train", "setup", "Run", "TrainingError", "build_model", "model_shape", "objective_from_config",
+           "check_config", "make_optimizer", "micro_batches", "auto_micro_batches", "make_sampler"]
 
 
 def define_flags():
@@ -60,31 +68,34 @@ class TrainingError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------
+def train(cfg, workdir: str) -> dict:
+  """Run every stage; returns the results dict (also written to workdir/results.json), or
+  {"stopped": True, "step": ...} when a signal or config.stop_at_step ended the run early."""
+  t_start = time.time()
+  run, state = setup(cfg, workdir)
+  with ckpt_lib.StopSignal() as stop:
+    state, stopped = sft_stage(run, state, stop)
+    if stopped:
+      return run.close_stopped(state)
+    before = run.timed("eval", run.evaluate, "before", state)
+    if cfg.rl.steps and state.step == cfg.sft.steps:  # a fresh optimizer for RL
+      state = dataclasses.replace(state, opt_state=run.init_opt(run.rl_opt, state.params))
+    state, stopped = rl_stage(run, state, stop)
+    if stopped:
+      return run.close_stopped(state)
+  return finish(run, state, before, t_start)
+
+
+# ---------------------------------------------------------------------------
 # Config checks (bad input names itself).
 def objective_from_config(cfg) -> presets.ObjectiveConfig:
   overrides = {k: v for k, v in cfg.rl.objective.items() if v is not None}
   return presets.objective_config(cfg.rl.algo, **overrides)
 
 
-def micro_batches(cfg, obj: presets.ObjectiveConfig, mesh) -> int:
-  """config.rl.micro_batches, with 0 (auto) resolved by `auto_micro_batches`."""
-  return cfg.rl.micro_batches or auto_micro_batches(obj, cfg.rl.prompts_per_step,
-                                                    sharding.batch_rows(mesh))
-
-
-def auto_micro_batches(obj: presets.ObjectiveConfig, prompts: int, rows: int = 1) -> int:
-  """On a CPU, one slice per prompt group (as many as `rows` batch devices allow) when the
-  objective is a mean over sequences and groups, so that slicing changes nothing but
-  summation order; 1 otherwise (and on GPU/TPU). Slices of one group keep the update's
-  matmuls cache-sized: about 1.4x faster on the 2-core CPU."""
-  if jax.default_backend() != "cpu" or not presets.slice_exact(obj):
-    return 1
-  return max(m for m in range(1, prompts + 1) if prompts % m == 0 and (prompts // m) % rows == 0)
-
-
 def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
   g = cfg.rl.group_size
-  if g < 2 and obj.advantage in ("grpo", "rloo"):
+  if g < 2 and obj.advantage in terms.NEEDS_GROUP:
     raise ValueError(f"config.rl.group_size={g}: {obj.advantage} advantages need a group of at "
                      "least 2 (a std or leave-one-out over one sample is undefined)")
   if g < 2 and obj.dm_coef > 0:
@@ -148,44 +159,119 @@ def model_shape(model) -> dict:
                                      "num_heads", "num_kv_heads", "head_dim")}
 
 
-def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: float):
-  warmup = max(1, min(warmup, steps_total))
-  sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps_total, warmup + 1), lr * 0.1)
-  return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(sched, weight_decay=0.0))
-
-
-def make_sampler(graphdef, scfg, p_sh, data_sh, rep):
-  """Jitted (params, prompts [Bp, P], mask [Bp, P], key) -> (tokens, mask, logprobs), each
-  [Bp * scfg.num_samples, T] and sharded over the mesh's rows. Prompts (host arrays, small)
-  and the key (raw key data) are passed replicated."""
-  def run(params, prompt_tokens, prompt_mask, key_data):
-    steps.TRACES["sampler"] += 1
-    rng = jax.random.wrap_key_data(key_data)
-    r = sampler_lib._generate(graphdef, params["model"], prompt_tokens, prompt_mask, rng, scfg)
-    return r.tokens, r.mask, r.logprobs
-  jitted = jax.jit(run, in_shardings=(p_sh, rep, rep, rep),
-                   out_shardings=(data_sh, data_sh, data_sh))
-
-  def call(params, pt, pm, key):
-    return jitted(params, dist.to_global(pt, rep), dist.to_global(pm, rep),
-                  dist.to_global(np.asarray(jax.random.key_data(key)), rep))
-  return call
-
-
-host = dist.tree_to_host
-
-
 # ---------------------------------------------------------------------------
-def train(cfg, workdir: str) -> dict:
-  """Run every stage; returns the results dict (also written to workdir/results.json)."""
-  t_start = time.time()
-  # --- Setup: config, mesh, data, model, optimizer, checkpoints ------------
+@dataclasses.dataclass
+class Run:
+  """What the stages share: config, objective, data, model graph, mesh shardings, outputs."""
+  cfg: Any
+  workdir: str
+  obj: presets.ObjectiveConfig
+  mesh: Any
+  taskset: pipeline.TaskSet
+  reward_cfg: rewards_lib.RewardConfig
+  tok: Any
+  encoder: pipeline.PromptEncoder
+  graphdef: Any
+  model_shape: dict
+  p_sh: Any            # params' shardings
+  o_sh: Any            # optimizer state's
+  data_sh: Any         # batch rows over the mesh's data x fsdp axes (a prefix for every leaf)
+  rep: Any             # replicated
+  sft_opt: Any
+  rl_opt: Any
+  ckpt: ckpt_lib.Checkpointer
+  writer: Any = None
+  progress: Any = None
+  times: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
+      ("sft", "rollout", "reward", "update", "eval", "dph"), 0.0))
+  _eval: Any = None    # (sampler, instances, ground truths) of the held-out evaluation
+
+  @property
+  def prompt_len(self) -> int:
+    return self.cfg.model.max_prompt_len
+
+  @property
+  def completion_len(self) -> int:
+    return self.cfg.model.max_new_tokens
+
+  def init_opt(self, opt, params):
+    """Optimizer state on the mesh: moments sharded like their params, counts replicated."""
+    return sharding.init_opt_state(opt, params, self.p_sh, self.mesh)[0]
+
+  def sampling_config(self, num_samples: int, temperature: float, top_p: float = 1.0):
+    return sampler_lib.SamplingConfig(max_new_tokens=self.completion_len, num_samples=num_samples,
+                                      temperature=temperature, top_p=top_p,
+                                      eos_id=self.tok.eos_token_id, pad_id=self.encoder.pad)
+
+  def sampler(self, scfg):
+    return make_sampler(self.graphdef, scfg, self.p_sh, self.data_sh, self.rep)
+
+  def timed(self, name: str, fn, *args):
+    t0 = time.time()
+    out = fn(*args)
+    self.times[name] += time.time() - t0
+    return out
+
+  def save(self, state: TrainState, stage: str) -> None:
+    state.counters["times"] = self.times
+    self.ckpt.save(state.step, state.params, state.opt_state,
+                   checkpoint_meta(state, stage, self.cfg, self.model_shape))
+
+  def maybe_stop(self, state: TrainState, stage: str, stop) -> bool:
+    """On a signal or at config.stop_at_step: save and report True (all processes agree)."""
+    if not dist.agree(stop.received is not None or state.step == self.cfg.stop_at_step):
+      return False
+    stop.received = stop.received or f"config.stop_at_step={self.cfg.stop_at_step}"
+    self.save(state, stage)
+    print(f"\n{stop.received}: saved checkpoint at step {state.step}; rerun the same command to "
+          "resume", flush=True)
+    return True
+
+  def close_stopped(self, state: TrainState) -> dict:
+    if self.progress:
+      self.progress.close()
+    self.writer.close()
+    self.ckpt.close()
+    return {"stopped": True, "step": state.step}
+
+  def evaluate(self, name: str, state: TrainState) -> dict:
+    """eval_{name}.json: held-out instances sampled at config.eval's settings (a finished
+    evaluation is read back, not redone)."""
+    path = os.path.join(self.workdir, f"eval_{name}.json")
+    if dist.agree(os.path.exists(path)):  # every process takes the same branch
+      return report.read_json(path)
+    cfg = self.cfg
+    if self._eval is None:  # one sampler (one compilation) and one instance set for both
+      items = self.taskset.held_out(cfg.eval.num_per_task)
+      self._eval = (self.sampler(self.sampling_config(cfg.eval.samples, cfg.eval.temperature)),
+                    items, [tasks_lib.get(k).reference_value(q) for k, q in items])
+    sampler, items, ground_truths = self._eval
+    res = evaluation.evaluate(
+        lambda pt, pm, rng: sampler(state.params, pt, pm, rng)[:2], self.encoder, items,
+        samples=cfg.eval.samples, k=cfg.eval.k, pass_ks=tuple(cfg.eval.pass_ks),
+        rng=state.eval_key(), batch_prompts=cfg.eval.batch_prompts, prompt_len=self.prompt_len,
+        reward_cfg=self.reward_cfg, ground_truths=ground_truths, progress=cfg.log.progress)
+    if dist.is_main():
+      report.write_json(res, path)
+    return res
+
+  def log(self, state: TrainState, stage: str, row: dict, last: int, progress: dict) -> None:
+    """A metrics row every config.log.every steps and at the stage's last; the progress bar."""
+    if state.step % self.cfg.log.every == 0 or state.step == last:
+      self.writer.write(state.step, stage, row)
+    if self.progress:
+      self.progress.update(1)
+      self.progress.set_postfix(**progress)
+
+
+def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
+  """Check the config, build mesh, data, model and optimizers; restore the workdir's latest
+  checkpoint if there is one."""
   os.makedirs(workdir, exist_ok=True)
   obj = objective_from_config(cfg)
   mesh = sharding.make_mesh(dict(cfg.mesh))
   check_config(cfg, obj, mesh)
-  keys = task_keys(cfg)
-  taskset = pipeline.TaskSet(keys, cfg.level, cfg.seed,
+  taskset = pipeline.TaskSet(task_keys(cfg), cfg.level, cfg.seed,
                              pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level))
   reward_cfg = rewards_lib.RewardConfig(**dict(cfg.rl.reward))
   if dist.is_main():
@@ -193,359 +279,193 @@ def train(cfg, workdir: str) -> dict:
 
   model, tok = build_model(cfg)
   encoder = pipeline.PromptEncoder(tok, cfg.prompt_style, cfg.model.max_prompt_len, cfg.chat_template)
-  lp, lt = cfg.model.max_prompt_len, cfg.model.max_new_tokens
-  graphdef, state = nnx.split(model)
-  params = {"model": state}
-  if obj.policy_loss == "flowrl":
-    params["log_z"] = flowrl.init_log_z_head(jax.random.key(cfg.seed + 1), model.cfg.hidden_size)
+  graphdef, model_state = nnx.split(model)
+  params = {"model": model_state}
+  if presets.needs_log_z(obj):
+    params["log_z"] = flowrl.init_log_z_head(jax.random.key(cfg.seed + LOG_Z_SEED_OFFSET),
+                                             model.cfg.hidden_size)
   rep = sharding.replicated(mesh)
-  p_sh = {"model": sharding.param_shardings(state, mesh)}
+  p_sh = {"model": sharding.param_shardings(model_state, mesh)}
   if "log_z" in params:
     p_sh["log_z"] = jax.tree.map(lambda _: rep, params["log_z"])
   params = jax.tree.map(lambda x, s: dist.to_global(np.asarray(x), s), params, p_sh)
-  data_sh = sharding.batch_sharding(mesh, 1)  # leading axis; a prefix for every batch leaf
 
-  sft_steps, rl_steps = cfg.sft.steps, cfg.rl.steps
-  total = sft_steps + rl_steps
-  sft_opt = make_optimizer(cfg.sft.lr, sft_steps, cfg.sft.warmup, 1.0)
-  rl_opt = make_optimizer(cfg.rl.lr, rl_steps, 1, cfg.rl.max_grad_norm)
-  def init_opt(opt):
-    """Optimizer state on the mesh: moments sharded like their params, counts replicated."""
-    return sharding.init_opt_state(opt, params, p_sh, mesh)[0]
+  run = Run(cfg=cfg, workdir=workdir, obj=obj, mesh=mesh, taskset=taskset, reward_cfg=reward_cfg,
+            tok=tok, encoder=encoder, graphdef=graphdef, model_shape=model_shape(model), p_sh=p_sh,
+            o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
+            sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0),
+            rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 1, cfg.rl.max_grad_norm),
+            ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep))
+  opt_state = run.init_opt(run.sft_opt if cfg.sft.steps else run.rl_opt, params)
+  run.o_sh = jax.tree.map(lambda x: x.sharding, opt_state)
+  state = TrainState(params=params, opt_state=opt_state, step=0, key=jax.random.key(cfg.seed))
 
-  opt_state = init_opt(sft_opt if sft_steps else rl_opt)
-  o_sh = jax.tree.map(lambda x: x.sharding, opt_state)
-
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep)
-  step, counters = 0, {"nonfinite_total": 0}
-  latest = ckpt.latest_step()
+  latest = run.ckpt.latest_step()
   if latest is not None:
-    params, opt_state, meta = ckpt.restore(latest, params, opt_state, model_shape(model))
-    step, counters = meta["step"], meta["counters"]
+    params, opt_state, meta = run.ckpt.restore(latest, params, opt_state, run.model_shape)
     if meta["seed"] != cfg.seed:
       raise TrainingError(f"{workdir} holds a run with seed {meta['seed']}, config has {cfg.seed}")
-    print(f"resumed {workdir} at step {step} ({meta['stage']})", flush=True)
-  base_key = jax.random.key(cfg.seed)
-
-  def save(at_step: int, stage: str):
-    ckpt.save(at_step, params, opt_state, {
-        "step": at_step, "stage": stage, "seed": cfg.seed,
-        "rng_key": np.asarray(jax.random.key_data(base_key)).tolist(),
-        "data_position": at_step, "model_shape": model_shape(model),
-        "counters": counters, "config": json.loads(cfg.to_json_best_effort())})
-
-  writer = (report.MetricsWriter(workdir, cfg.log.tensorboard, resume_step=step if latest else None)
-            if dist.is_main() else report.NullWriter(workdir))
-  eval_cfg = sampler_lib.SamplingConfig(max_new_tokens=lt, num_samples=cfg.eval.samples,
-                                        temperature=cfg.eval.temperature,
-                                        eos_id=tok.eos_token_id, pad_id=encoder.pad)
-  eval_sampler = make_sampler(graphdef, eval_cfg, p_sh, data_sh, rep)
-  eval_items = taskset.held_out(cfg.eval.num_per_task)
-  eval_gts = [tasks_lib.get(k).reference_value(q) for k, q in eval_items]
-
-  def run_eval(name: str) -> dict:
-    path = os.path.join(workdir, f"eval_{name}.json")
-    if dist.agree(os.path.exists(path)):  # every process takes the same branch
-      return report.read_json(path)
-    res = evaluation.evaluate(
-        lambda pt, pm, rng: eval_sampler(params, pt, pm, rng)[:2], encoder, eval_items,
-        samples=cfg.eval.samples, k=cfg.eval.k, pass_ks=tuple(cfg.eval.pass_ks),
-        rng=jax.random.fold_in(base_key, 10**6), batch_prompts=cfg.eval.batch_prompts,
-        prompt_len=lp, reward_cfg=reward_cfg, ground_truths=eval_gts, progress=cfg.log.progress)
-    if dist.is_main():
-      report.write_json(res, path)
-    return res
-
-  progress = None
+    state = dataclasses.replace(state, params=params, opt_state=opt_state, step=meta["step"],
+                                counters=meta["counters"])
+    print(f"resumed {workdir} at step {state.step} ({meta['stage']})", flush=True)
+  run.times.update(state.counters.get("times", {}))
+  run.writer = (report.MetricsWriter(workdir, cfg.log.tensorboard,
+                                     resume_step=state.step if latest is not None else None)
+                if dist.is_main() else report.NullWriter(workdir))
   if cfg.log.progress and dist.is_main():
     from tqdm import tqdm
-    progress = tqdm(total=total, initial=step, desc="train", unit="step", dynamic_ncols=True)
-  times = {"sft": 0.0, "rollout": 0.0, "reward": 0.0, "update": 0.0, "eval": 0.0, "dph": 0.0}
-  times.update(counters.get("times", {}))
+    run.progress = tqdm(total=cfg.sft.steps + cfg.rl.steps, initial=state.step, desc="train",
+                        unit="step", dynamic_ncols=True)
+  return run, state
 
-  with ckpt_lib.StopSignal() as stop:
 
-    def maybe_stop(at_step: int, stage: str) -> bool:
-      if not dist.agree(stop.received is not None or at_step == cfg.stop_at_step):
-        return False
-      stop.received = stop.received or f"config.stop_at_step={cfg.stop_at_step}"
-      counters["times"] = times
-      save(at_step, stage)
-      print(f"\n{stop.received}: saved checkpoint at step {at_step}; rerun the same command to resume",
-            flush=True)
-      return True
-
-    # --- Stage 1: SFT warm start ---------------------------------------------
-    if step < sft_steps:
-      sft_step = steps.make_sft_step(graphdef, sft_opt, lp, shardings=(p_sh, o_sh, data_sh, rep))
-      per = cfg.sft.solutions_per_instance
-      while step < sft_steps:
-        t0 = time.time()
-        items = taskset.train("sft", step, cfg.sft.batch_size // per)
-        prompts, answers = [], []
-        for key, q in items:
-          sols = tasks_lib.get(key).sample_solutions(q, per, seed=step)
-          sols = (sols * per)[:per]  # fewer distinct ones than asked: repeat
-          ids = encoder.encode(key, q)
-          for s in sols:
-            prompts.append(ids)
-            answers.append(encoder.answer_ids(key, s))
-        pt, pm = pipeline.pad_left(prompts, lp, encoder.pad)
-        at, am = pipeline.pad_right(answers, lt, encoder.pad)
-        batch = {"seqs": {"tokens": np.concatenate([pt, at], 1), "prompt_mask": pm}, "mask": am}
-        params, opt_state, m = sft_step(params, opt_state, dist.tree_to_global(batch, data_sh))
-        m = host(m)
-        step += 1
-        times["sft"] += time.time() - t0
-        counters["nonfinite_total"] += int(m["skipped"])
-        if step % cfg.log.every == 0 or step == sft_steps:
-          writer.write(step, "sft", {"loss": m["loss"], "grad_norm": m["grad_norm"]})
-        if progress:
-          progress.update(1)
-          progress.set_postfix(stage="sft", loss=f"{float(m['loss']):.3f}")
-        if step % cfg.checkpoint.every == 0 or step == sft_steps:
-          counters["times"] = times
-          save(step, "sft")
-        if maybe_stop(step, "sft"):
-          return {"stopped": True, "step": step}
-
-    # --- Stage 2: evaluation before RL ----------------------------------------
+# ---------------------------------------------------------------------------
+def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
+  """Supervised warm start on heuristic solutions; returns (state, stopped)."""
+  cfg = run.cfg
+  if state.step >= cfg.sft.steps:
+    return state, False
+  sft_step = steps.make_sft_step(run.graphdef, run.sft_opt, run.prompt_len,
+                                 shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep))
+  while state.step < cfg.sft.steps:
     t0 = time.time()
-    before = run_eval("before")
-    times["eval"] += time.time() - t0
-    if rl_steps and step == sft_steps:
-      opt_state = init_opt(rl_opt)  # fresh optimizer for RL
+    batch = sft_batch(run, state.step)
+    state, m = update(state, dist.tree_to_global(batch, run.data_sh), sft_step)
+    run.times["sft"] += time.time() - t0
+    run.log(state, "sft", {"loss": m["loss"], "grad_norm": m["grad_norm"]}, cfg.sft.steps,
+            {"stage": "sft", "loss": f"{float(m['loss']):.3f}"})
+    if state.step % cfg.checkpoint.every == 0 or state.step == cfg.sft.steps:
+      run.save(state, "sft")
+    if run.maybe_stop(state, "sft", stop):
+      return state, True
+  return state, False
 
-    # --- Stage 3: DPH pre-sampling (dph_* presets) ------------------------------
-    scfg = sampler_lib.SamplingConfig(max_new_tokens=lt, num_samples=cfg.rl.group_size,
-                                      temperature=cfg.rl.temperature, top_p=cfg.rl.top_p,
-                                      eos_id=tok.eos_token_id, pad_id=encoder.pad)
-    rl_sampler = make_sampler(graphdef, scfg, p_sh, data_sh, rep)
-    logprob_eval = steps.make_logprob_eval(graphdef, lp, cfg.rl.temperature,
-                                           shardings=(p_sh, data_sh, None))
-    dph = None
-    if obj.divergence is not None and rl_steps:
-      t0 = time.time()
-      dph_sampler = make_sampler(graphdef, dataclasses.replace(scfg, num_samples=cfg.dph.samples),
-                                 p_sh, data_sh, rep)
-      dph = dph_presample(cfg, workdir, taskset, encoder, dph_sampler, logprob_eval, params,
-                          base_key, reward_cfg)
-      times["dph"] += time.time() - t0
 
-    # --- Stage 4: RL -----------------------------------------------------------
-    if step < total:
-      rl_update = steps.make_rl_step(graphdef, obj, rl_opt, lp, cfg.rl.temperature,
-                                     shardings=(p_sh, o_sh, data_sh, rep),
-                                     micro_batches=micro_batches(cfg, obj, mesh))
-      need_ref = obj.kl_coef > 0 or obj.policy_loss == "flowrl"
-      ref_params = jax.tree.map(jnp.copy, params) if need_ref else None  # the RL start policy
-      P, G = cfg.rl.prompts_per_step, cfg.rl.group_size
-      consecutive = 0
-      first_rl, traces0 = step, steps.TRACES["rl_update"]
-      while step < total:
-        s = step - sft_steps
-        t0 = time.time()
-        if dph is not None and len(dph["exp_items"]):
-          pool = dph["exp_items"]
-          items = [pool[(s * P + i) % len(pool)] for i in range(P)]
-        else:
-          items = taskset.train("rl", s, P)
-        ids = [encoder.encode(k, q) for k, q in items]
-        pt, pm = pipeline.pad_left(ids, lp, encoder.pad)
-        ref_fn = (lambda sq: logprob_eval(ref_params, sq)) if need_ref else None
-        tokens, mask_h, old_lp, ref_lp, rewards, stats, host_s = rollout_and_score(
-            rl_sampler, params, items, encoder, pt, pm, jax.random.fold_in(base_key, step), G,
-            cfg.rl.rollout_chunks, reward_cfg, ref_fn)
-        pt, pm = np.repeat(pt, G, 0), np.repeat(pm, G, 0)  # [P*G, lp]: each sample's prompt
-        seqs = {"tokens": jnp.concatenate([dist.to_global(pt, data_sh), tokens], 1).reshape(P, G, lp + lt),
-                "prompt_mask": dist.to_global(pm.reshape(P, G, lp), data_sh)}
-        t1 = time.time()
-        lengths = mask_h.sum(-1).reshape(P, G)
-        comp_mask = mask_h.reshape(P, G, lt)
-        if obj.overlong_cache:
-          rewards = rewards + np.asarray(dapo.overlong_penalty(lengths, lt, obj.overlong_cache))
-        if obj.dynamic_sampling:  # fixed shapes: drop groups by masking, not by resampling
-          keep = dapo.dynamic_sampling_keep(stats["feasible"])
-          comp_mask = comp_mask * keep[:, None, None]
-        t2 = time.time()
-        batch = {"seqs": seqs, "mask": dist.to_global(comp_mask, data_sh),
-                 "old_logprobs": old_lp.reshape(P, G, lt), "rewards": dist.to_global(rewards, data_sh)}
-        if need_ref:
-          batch["ref_logprobs"] = ref_lp.reshape(P, G, lt)
-        if dph is not None and len(dph["pef_tokens"]):
-          batch.update(dist.tree_to_global(dph_chunk(dph, s, cfg.dph.batch, lp), data_sh))
-        params, opt_state, m = rl_update(params, opt_state, batch)
-        m = host(m)
-        t3 = time.time()
-        times["rollout"] += t1 - t0 - host_s
-        times["reward"] += t2 - t1 + host_s
-        times["update"] += t3 - t2
-        step += 1
-        traces = steps.TRACES["rl_update"] - traces0
-        if cfg.rl.check_recompile and step - first_rl >= 2 and traces > 1:
-          raise TrainingError(f"the RL update recompiled ({traces} traces); "
-                              "batch shapes must stay fixed")
-        if int(m["skipped"]):
-          consecutive += 1
-          counters["nonfinite_total"] += 1
-          if consecutive >= cfg.rl.nonfinite_patience:
-            raise TrainingError(
-                f"{consecutive} non-finite losses in a row (at step {step}); stopping. The last "
-                f"good checkpoint ({ckpt.latest_step()}) is intact. Lower config.rl.lr or check rewards.")
-        else:
-          consecutive = 0
-        row = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
-        row.update(reward_mean=float(rewards.mean()), qr_mean=float(np.mean(np.minimum(stats["ratio"], 10))),
-                   feasible=float(stats["feasible"].mean()), distinct=float(stats["distinct"].mean()),
-                   solution_entropy=float(stats["solution_entropy"].mean()),
-                   length=float(lengths.mean()), rollout_s=t1 - t0 - host_s,
-                   reward_s=t2 - t1 + host_s, update_s=t3 - t2)
-        if step % cfg.log.every == 0 or step == total:
-          writer.write(step, "rl", row)
-        if progress:
-          progress.update(1)
-          progress.set_postfix(stage=f"rl/{obj.policy_loss}", reward=f"{row['reward_mean']:.3f}",
-                               qr=f"{row['qr_mean']:.3f}", distinct=f"{row['distinct']:.2f}")
-        if step % cfg.checkpoint.every == 0 or step == total:
-          counters["times"] = times
-          save(step, "rl")
-        if maybe_stop(step, "rl"):
-          return {"stopped": True, "step": step}
+def sft_batch(run: Run, step: int) -> dict:
+  """Prompts with `solutions_per_instance` heuristic answers each (host arrays)."""
+  per = run.cfg.sft.solutions_per_instance
+  prompts, answers = [], []
+  for key, q in run.taskset.train("sft", step, run.cfg.sft.batch_size // per):
+    sols = tasks_lib.get(key).sample_solutions(q, per, seed=step)
+    sols = (sols * per)[:per]  # fewer distinct ones than asked: repeat
+    ids = run.encoder.encode(key, q)
+    for s in sols:
+      prompts.append(ids)
+      answers.append(run.encoder.answer_ids(key, s))
+  pt, pm = pipeline.pad_left(prompts, run.prompt_len, run.encoder.pad)
+  at, am = pipeline.pad_right(answers, run.completion_len, run.encoder.pad)
+  return {"seqs": {"tokens": np.concatenate([pt, at], 1), "prompt_mask": pm}, "mask": am}
 
-  if progress:
-    progress.close()
-  writer.close()
 
-  # --- Stage 5: evaluation after RL, table, plots, export ----------------------
-  t0 = time.time()
-  after = run_eval("after")
-  times["eval"] += time.time() - t0
+# ---------------------------------------------------------------------------
+def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
+  """DPH pre-sampling (dph_* presets), then RL steps; returns (state, stopped)."""
+  cfg, obj = run.cfg, run.obj
+  rl_sampler = run.sampler(run.sampling_config(cfg.rl.group_size, cfg.rl.temperature, cfg.rl.top_p))
+  logprob_eval = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
+                                         shardings=(run.p_sh, run.data_sh, None))
+  store = None
+  if presets.needs_dph_store(obj) and cfg.rl.steps:
+    dph_sampler = run.sampler(run.sampling_config(cfg.dph.samples, cfg.rl.temperature, cfg.rl.top_p))
+    store = run.timed("dph", dph.presample, cfg, run.workdir, run.taskset, run.encoder, dph_sampler,
+                      logprob_eval, state.params, state, run.reward_cfg)
+  total = cfg.sft.steps + cfg.rl.steps
+  if state.step >= total:
+    return state, False
+  rl_update = steps.make_rl_step(run.graphdef, obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
+                                 shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep),
+                                 micro_batches=micro_batches(cfg, obj, run.mesh))
+  if presets.needs_reference(obj):
+    state = dataclasses.replace(state, reference=reference_policy(run.ckpt, state, cfg.sft.steps))
+  reference = state.reference
+  ref_fn = (lambda seqs: logprob_eval(reference, seqs)) if reference is not None else None
+  consecutive, first_rl, traces0 = 0, state.step, steps.TRACES["rl_update"]
+  while state.step < total:
+    t0 = time.time()
+    rl_step = state.step - cfg.sft.steps
+    items = dph.rl_items(store, run.taskset, rl_step, cfg.rl.prompts_per_step)
+    rollouts = collect_rollouts(
+        rl_sampler, state.params, items, run.encoder, key=state.rl_key(),
+        group_size=cfg.rl.group_size, chunks=cfg.rl.rollout_chunks, reward_cfg=run.reward_cfg,
+        objective=obj, prompt_len=run.prompt_len, completion_len=run.completion_len,
+        data_sh=run.data_sh, ref_fn=ref_fn)
+    batch = rollouts.batch(run.data_sh)
+    batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch), run.data_sh))
+    t2 = time.time()
+    state, m = update(state, batch, rl_update)
+    update_s = time.time() - t2
+    run.times["rollout"] += rollouts.sample_s
+    run.times["reward"] += rollouts.score_s
+    run.times["update"] += update_s
+    traces = steps.TRACES["rl_update"] - traces0
+    if cfg.rl.check_recompile and state.step - first_rl >= 2 and traces > 1:
+      raise TrainingError(f"the RL update recompiled ({traces} traces); batch shapes must stay fixed")
+    consecutive = consecutive + 1 if int(m["skipped"]) else 0
+    if consecutive >= cfg.rl.nonfinite_patience:
+      raise TrainingError(
+          f"{consecutive} non-finite losses in a row (at step {state.step}); stopping. The last "
+          f"good checkpoint ({run.ckpt.latest_step()}) is intact. Lower config.rl.lr or check rewards.")
+    row = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
+    row.update(rollouts.metrics(), rollout_s=rollouts.sample_s, reward_s=rollouts.score_s,
+               update_s=update_s)
+    run.log(state, "rl", row, total, {"stage": f"rl/{obj.policy_loss}",
+                                      "reward": f"{row['reward_mean']:.3f}",
+                                      "qr": f"{row['qr_mean']:.3f}", "distinct": f"{row['distinct']:.2f}"})
+    if state.step % cfg.checkpoint.every == 0 or state.step == total:
+      run.save(state, "rl")
+    if run.maybe_stop(state, "rl", stop):
+      return state, True
+  return state, False
+
+
+def reference_policy(ckpt: ckpt_lib.Checkpointer, state: TrainState, rl_start: int):
+  """The policy at the start of RL, which KL terms and FlowRL read: restored from the
+  checkpoint's reference item on resume, else a copy of the params saved as that item
+  (written once, outside the rotation of step checkpoints)."""
+  if dist.agree(ckpt.has_reference()):  # every process takes the same branch
+    return ckpt.restore_reference(state.params)
+  if state.step > rl_start:
+    print(f"warning: {ckpt.reference_path} is missing (a run from before it was saved); "
+          "the reference policy is the resumed one, so this run is not exact", flush=True)
+  ref = jax.tree.map(jax.numpy.copy, state.params)
+  ckpt.save_reference(ref)
+  return ref
+
+
+# ---------------------------------------------------------------------------
+def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
+  """Evaluation after RL, results.json, plots, the HF export and the printed table."""
+  cfg = run.cfg
+  if run.progress:
+    run.progress.close()
+  run.writer.close()
+  after = run.timed("eval", run.evaluate, "after", state)
   keep = {k: tasks_lib.scoring.keep_and_exploration(before["solved"][k], after["solved"][k])
           for k in after["solved"]}
   table = evaluation.format_table(after, before)
   results = {"before": {k: before[k] for k in ("per_task", "categories", "overall")},
              "after": {k: after[k] for k in ("per_task", "categories", "overall")},
-             "keep_exploration": keep, "times_s": times, "steps": {"sft": sft_steps, "rl": rl_steps},
-             "algo": cfg.rl.algo, "seed": cfg.seed, "nonfinite_steps": counters["nonfinite_total"],
+             "keep_exploration": keep, "times_s": run.times,
+             "steps": {"sft": cfg.sft.steps, "rl": cfg.rl.steps}, "algo": cfg.rl.algo,
+             "seed": cfg.seed, "nonfinite_steps": state.counters["nonfinite_total"],
              "wall_s": time.time() - t_start}
-  export = dist.tree_to_host(params["model"]) if cfg.checkpoint.export_hf else None  # all processes
+  export = dist.tree_to_host(state.params["model"]) if cfg.checkpoint.export_hf else None  # all processes
   if dist.is_main():  # files are written once
-    report.write_json(results, os.path.join(workdir, "results.json"))
+    report.write_json(results, os.path.join(run.workdir, "results.json"))
     if cfg.log.plots:
-      report.plot_training(report.read_metrics(writer.path), os.path.join(workdir, "training.png"))
-      report.plot_before_after(before, after, os.path.join(workdir, "before_after.png"))
+      report.plot_training(report.read_metrics(run.writer.path), os.path.join(run.workdir, "training.png"))
+      report.plot_before_after(before, after, os.path.join(run.workdir, "before_after.png"))
     if export is not None:
-      hf.save(nnx.merge(graphdef, export), tok, os.path.join(workdir, "hf"))
-  ckpt.close()
+      hf.save(nnx.merge(run.graphdef, export), run.tok, os.path.join(run.workdir, "hf"))
+  run.ckpt.close()
   if not dist.is_main():
     return results
   print(f"\n{cfg.rl.algo}, seed {cfg.seed}: before RL -> after RL (held-out {cfg.level} instances, "
         f"{cfg.eval.samples} samples at T={cfg.eval.temperature})")
   print(table)
-  print("time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()) + f"; outputs in {workdir}")
+  print("time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in run.times.items()) +
+        f"; outputs in {run.workdir}")
   return results
-
-
-# ---------------------------------------------------------------------------
-def rollout_and_score(sampler, params, items, encoder, pt, pm, key, G, chunks, reward_cfg, ref_fn):
-  """Sample G completions of each prompt (pt, pm [P, lp]) in `chunks` pieces: while the host
-  decodes and verifies piece c, the device already samples piece c + 1 (and computes piece c's
-  reference log-probs), so reward computation does not stall the device. Returns device
-  tokens [P*G, T], host mask, device old log-probs, device reference log-probs (or None),
-  rewards [P, G], stats, host seconds."""
-  per = len(items) // chunks
-  launch = lambda c: sampler(params, pt[c * per:(c + 1) * per], pm[c * per:(c + 1) * per],
-                             jax.random.fold_in(key, c))
-  pending, outs, host_s = launch(0), [], 0.0
-  for c in range(chunks):
-    tokens, mask, logp = pending
-    if c + 1 < chunks:
-      pending = launch(c + 1)  # async dispatch: runs while the host scores piece c
-    ref = None
-    if ref_fn is not None:
-      data_sh = tokens.sharding
-      per_row = lambda x: np.repeat(x[c * per:(c + 1) * per], G, 0)  # each sample's prompt
-      seqs = {"tokens": jnp.concatenate([dist.to_global(per_row(pt), data_sh), tokens], 1),
-              "prompt_mask": dist.to_global(per_row(pm), data_sh)}
-      ref = ref_fn(seqs)
-    tok_h, mask_h = dist.to_host(tokens), dist.to_host(mask)
-    h0 = time.time()
-    texts = encoder.texts(tok_h, mask_h)
-    r, st = pipeline.score_groups(items[c * per:(c + 1) * per], texts, G, reward_cfg)
-    host_s += time.time() - h0
-    outs.append((tokens, mask_h, logp, ref, r, st))
-  cat = lambda i: jnp.concatenate([o[i] for o in outs])
-  stats = {k: np.concatenate([o[5][k] for o in outs]) for k in outs[0][5]}
-  return (cat(0), np.concatenate([o[1] for o in outs]), cat(2),
-          cat(3) if ref_fn is not None else None, np.concatenate([o[4] for o in outs]), stats, host_s)
-
-
-def dph_presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, base_key, reward_cfg):
-  """Sample k responses per training prompt from the initial policy; split D_pef / D_exp;
-  store the correct D_pef responses with their per-token log-probs (dph_store.npz)."""
-  path = os.path.join(workdir, "dph_store.npz")
-  lp, lt, k = cfg.model.max_prompt_len, cfg.model.max_new_tokens, cfg.dph.samples
-  items = [it for j in range(cfg.dph.num_prompts) for it in taskset.train("dph", j, 1)]
-  if dist.agree(os.path.exists(path)):
-    z = np.load(path)
-    exp = [items[i] for i in z["exp_index"]]
-    return {"pef_tokens": z["pef_tokens"], "pef_prompt_mask": z["pef_prompt_mask"],
-            "pef_mask": z["pef_mask"], "pef_logprobs": z["pef_logprobs"], "exp_items": exp}
-  pef_tok, pef_pm, pef_m, pef_lp, pef_index, exp_index = [], [], [], [], [], []
-  chunk = cfg.eval.batch_prompts
-  for c0 in range(0, len(items), chunk):
-    part = items[c0:c0 + chunk]
-    real = len(part)
-    part = part + [part[-1]] * (chunk - real)
-    pt, pm = pipeline.pad_left([encoder.encode(kk, q) for kk, q in part], lp, encoder.pad)
-    tokens, mask, _ = sampler(params, pt, pm, jax.random.fold_in(base_key, 2 * 10**6 + c0))
-    pt, pm = np.repeat(pt, k, 0), np.repeat(pm, k, 0)
-    sh = tokens.sharding
-    seqs = {"tokens": jnp.concatenate([dist.to_global(pt, sh), tokens], 1), "prompt_mask": dist.to_global(pm, sh)}
-    ref = dist.to_host(logprob_eval(params, seqs))
-    tokens, mask = dist.to_host(tokens), dist.to_host(mask)
-    texts = encoder.texts(tokens, mask)
-    _, stats = pipeline.score_groups(part[:real], texts[:real * k], k, reward_cfg)
-    ok = stats["feasible"] if cfg.dph.correct == "feasible" else stats["ratio"] >= 1.0
-    for i in range(real):
-      # D_pef: the initial policy solves the prompt in at least pef_threshold of its k samples
-      # (DPH-RL: all of them, 1.0); its correct responses are stored.
-      if ok[i].any() and ok[i].mean() >= cfg.dph.pef_threshold:
-        for j in range(k):
-          if not ok[i, j]:
-            continue
-          r = i * k + j
-          pef_tok.append(np.concatenate([pt[r], tokens[r]]))
-          pef_pm.append(pm[r])
-          pef_m.append(mask[r])
-          pef_lp.append(ref[r])
-          pef_index.append(c0 + i)
-      else:
-        exp_index.append(c0 + i)
-  store = {"pef_tokens": np.asarray(pef_tok, np.int32).reshape(-1, lp + lt),
-           "pef_prompt_mask": np.asarray(pef_pm, np.int32).reshape(-1, lp),
-           "pef_mask": np.asarray(pef_m, np.int32).reshape(-1, lt),
-           "pef_logprobs": np.asarray(pef_lp, np.float32).reshape(-1, lt),
-           "pef_index": np.asarray(pef_index, np.int64), "exp_index": np.asarray(exp_index, np.int64)}
-  if dist.is_main():
-    tmp = path + ".tmp.npz"
-    np.savez(tmp, **store)
-    os.replace(tmp, path)
-  n_pef = len(items) - len(exp_index)
-  print(f"DPH pre-sampling: {n_pef} of {len(items)} prompts in D_pef ({len(pef_tok)} stored responses), "
-        f"{len(exp_index)} in D_exp", flush=True)
-  store["exp_items"] = [items[i] for i in exp_index]
-  return store
-
-
-def dph_chunk(dph, s: int, n: int, lp: int) -> dict:
-  """n stored D_pef responses for RL step s (cycling through the store)."""
-  total = len(dph["pef_tokens"])
-  idx = (np.arange(n) + s * n) % total
-  return {"dph_seqs": {"tokens": jnp.asarray(dph["pef_tokens"][idx]),
-                       "prompt_mask": jnp.asarray(dph["pef_prompt_mask"][idx])},
-          "dph_ref_logprobs": jnp.asarray(dph["pef_logprobs"][idx]),
-          "dph_mask": jnp.asarray(dph["pef_mask"][idx])}
 
 
 def main(argv):

@@ -13,13 +13,19 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-SETUP = r'''# Install (Colab): clone the repository and install it, unless dmpo_jax is already importable.
+SETUP = r'''# Install: set DMPO_JAX_SOURCE to a local checkout of this repository or to its git URL
+# (e.g. os.environ["DMPO_JAX_SOURCE"] = "/content/dmpo_jax"); skipped when dmpo_jax is importable.
 import importlib.util, os, pathlib, subprocess, sys
-SOURCE = os.environ.get("DMPO_JAX_SOURCE", "https://github.com/dmpo-jax/dmpo_jax.git")  # or a local path
 if importlib.util.find_spec("dmpo_jax") is None:
-    subprocess.check_call(["git", "clone", "-q", SOURCE, "dmpo_jax_repo"])
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "-e", "dmpo_jax_repo"])
-    sys.path.insert(0, os.path.abspath("dmpo_jax_repo"))
+    SOURCE = os.environ.get("DMPO_JAX_SOURCE")
+    if not SOURCE:
+        raise RuntimeError("dmpo_jax is not installed and DMPO_JAX_SOURCE is not set: set it to a "
+                           "local checkout of the repository or to its git URL, then rerun this cell")
+    if not os.path.isdir(SOURCE):
+        subprocess.check_call(["git", "clone", "-q", SOURCE, "dmpo_jax_repo"])
+        SOURCE = "dmpo_jax_repo"
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "-e", SOURCE])
+    sys.path.insert(0, os.path.abspath(SOURCE))
 import dmpo_jax
 REPO = pathlib.Path(dmpo_jax.__file__).resolve().parent.parent
 # The tests set DMPO_NOTEBOOK_SMALL=1: the smallest budget that still runs every cell.
@@ -73,6 +79,27 @@ for ax, key in zip(axes, ["reward_mean", "qr_mean", "distinct"]):
     ax.set_title(key); ax.set_xlabel("step")
 plt.show()
 print(json.dumps({k: round(v, 3) for k, v in results["after"]["overall"].items()}, indent=1))'''),
+    new_markdown_cell("""## One RL step by hand
+
+What the RL stage repeats: collect rollouts (sample G answers per prompt,
+verify them on the host while the device samples, shape the rewards) and
+update on that batch. `setup` restores the trained run's state from its
+workdir."""),
+    new_code_cell(r'''from dmpo_jax import steps
+from dmpo_jax.training import collect_rollouts, update
+run, state = train_lib.setup(cfg, workdir)
+sampler = run.sampler(run.sampling_config(cfg.rl.group_size, cfg.rl.temperature))
+rl_step = steps.make_rl_step(run.graphdef, run.obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
+                             shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep))
+items = run.taskset.train("rl", 10_000, cfg.rl.prompts_per_step)   # instances no step has seen
+rollouts = collect_rollouts(sampler, state.params, items, run.encoder, key=state.rl_key(),
+                            group_size=cfg.rl.group_size, chunks=2, reward_cfg=run.reward_cfg,
+                            objective=run.obj, prompt_len=run.prompt_len,
+                            completion_len=run.completion_len, data_sh=run.data_sh)
+state, metrics = update(state, rollouts.batch(run.data_sh), rl_step)
+run.writer.close(); run.ckpt.close()   # nothing saved: the workdir stays as train() left it
+print("rollouts:", {k: round(v, 3) for k, v in rollouts.metrics().items()})
+print("update:", {k: round(float(metrics[k]), 4) for k in ("loss", "pg_loss", "dm_loss", "grad_norm")})'''),
     new_markdown_cell("""## The model's answers, with the verifier's verdicts
 
 Each task can draw its instance (MM-NP-Bench); the strict verifier says why

@@ -1,8 +1,21 @@
-"""Test setup: 8 forced CPU devices (before JAX starts), small shapes, fixed seeds."""
+"""Test setup: 8 forced CPU devices (before JAX starts), small shapes, fixed seeds.
 
+A persistent compilation cache, fresh for each test session, lets the many small
+training runs of the suite (same sampler, same update shapes) compile each program once.
+"""
+
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _cache = tempfile.mkdtemp(prefix="dmpo_jax_jit_cache_")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

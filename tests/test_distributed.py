@@ -28,6 +28,7 @@ def _params(workdir):
   return load_file(os.path.join(workdir, "hf", "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
   one = tmp_path / "one"
   r = subprocess.run([sys.executable, "-m", "dmpo_jax.train", f"--workdir={one}"] + ARGS,

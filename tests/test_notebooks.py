@@ -10,6 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 NB = os.path.join(HERE, "..", "notebooks")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mode_collapse.ipynb", "quickstart.ipynb"])
 def test_notebook_runs(name, tmp_path, monkeypatch):
   nb = nbformat.read(os.path.join(NB, name), as_version=4)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from dmpo_jax.objectives import (common, dapo, divergences, dmpo, grpo, kl, miniature, presets)
+from dmpo_jax.objectives import (common, dapo, divergences, dmpo, grpo, kl, miniature, presets,
+                                 registry, shaping, terms)
 
 DIV_NAMES = divergences.names()
 
@@ -285,6 +286,99 @@ def test_dapo_helpers():
                              [0, 0, -0.5, -1.0, -1.0])
   keep = dapo.dynamic_sampling_keep([[1, 1], [0, 1], [0, 0]])
   assert keep.tolist() == [False, True, False]
+
+
+def test_shape_rewards_applies_overlong_penalty_and_masks_groups():
+  obj = presets.objective_config("dapo", overlong_cache=4)
+  rewards = np.array([[1.0, 0.5], [0.2, 0.1], [0.0, 0.3]], np.float32)
+  lengths = np.array([[10, 18], [20, 3], [16, 25]])
+  feasible = np.array([[1, 1], [0, 1], [0, 0]], bool)
+  shaped, keep = shaping.shape_rewards(obj, rewards, lengths, feasible, max_len=20)
+  np.testing.assert_allclose(shaped, [[1.0, 0.0], [-0.8, 0.1], [0.0, -0.7]], rtol=1e-6)
+  assert keep.tolist() == [False, True, False]  # all right or all wrong: masked out
+  shaped, keep = shaping.shape_rewards(presets.objective_config("grpo"), rewards, lengths,
+                                       feasible, max_len=20)
+  assert keep is None and shaped is rewards  # no shaping configured: untouched
+  assert dapo.dynamic_sampling_keep is shaping.dynamic_sampling_keep  # the old name still works
+
+
+def test_kl_in_reward_subtracts_the_sampled_log_ratio():
+  old = jnp.array([[[-1.0, -2.0], [-0.5, -0.5]]])  # [1, G=2, T=2]
+  ref = jnp.array([[[-1.5, -1.0], [-0.5, -1.5]]])
+  mask = jnp.array([[[1, 1], [1, 0]]], jnp.float32)
+  out = shaping.kl_in_reward(jnp.array([[1.0, 2.0]]), old, ref, mask, 0.1)
+  np.testing.assert_allclose(out, [[1.0 - 0.1 * (0.5 - 1.0), 2.0 - 0.1 * 0.0]], rtol=1e-6)
+  cfg = presets.objective_config("rkl", kl_in_reward=True)
+  np.testing.assert_allclose(presets.kl_penalised_rewards(cfg, jnp.array([[1.0, 2.0]]), old, ref, mask),
+                             [[1.0 + 0.01 * 0.5, 2.0]], rtol=1e-6)
+
+
+# ------------------------------------------------------------------- registries
+
+def test_unknown_names_list_the_choices():
+  with pytest.raises(ValueError, match=r"unknown advantage estimator objective.advantage='ppo'; "
+                                       r"choose one of \['dr_grpo', 'grpo', 'rloo'\]"):
+    presets.objective_config("grpo", advantage="ppo")
+  with pytest.raises(ValueError, match=r"unknown policy loss objective.policy_loss='ppo'.*'none'"):
+    presets.objective_config("grpo", policy_loss="ppo")
+  with pytest.raises(ValueError, match=r"unknown KL estimator objective.kl_estimator='k4'.*'k3'"):
+    presets.objective_config("rkl", kl_estimator="k4")
+  with pytest.raises(ValueError, match="already registered"):
+    terms.POLICY_LOSSES.register("ppo_clip")(lambda cfg, x: None)
+
+
+def test_advantages_dispatch_to_the_named_estimator():
+  r = jnp.array([[1.0, 0.0, 0.5, 0.5]])
+  for name, want in (("grpo", grpo.group_advantages(r)), ("dr_grpo", grpo.dr_grpo_advantages(r)),
+                     ("rloo", grpo.rloo_advantages(r))):
+    np.testing.assert_allclose(presets.advantages(presets.objective_config("grpo", advantage=name), r),
+                               want, rtol=1e-6)
+
+
+def test_objectives_declare_what_their_batch_needs():
+  needs = {n: (presets.needs_reference(c), presets.needs_log_z(c), presets.needs_dph_store(c))
+           for n, c in ((n, presets.objective_config(n)) for n in presets.preset_names())}
+  assert needs["rkl"] == (True, False, False) and needs["flowrl"] == (True, True, False)
+  assert needs["dph_js"] == (False, False, True) and needs["dmpo"] == (False, False, False)
+  assert presets.needs_reference(presets.objective_config("grpo", kl_coef=0.1))
+
+
+def test_a_registered_policy_loss_trains_without_other_edits():
+  reg = registry.Registry("thing", "objective.thing")
+  reg.register("a")(len)
+  assert reg.get("a") is len and reg.names() == ["a"] and "a" in reg
+  name = "test_ratio_pg"
+  if name not in terms.POLICY_LOSSES:
+    @terms.POLICY_LOSSES.register(name, slice_exact=True)
+    def _ratio_pg(cfg, x):
+      ratio = jnp.exp(x.logprobs - x.old_logprobs)
+      return -common.aggregate(ratio * x.advantages[..., None], x.mask), {"ratio": jnp.mean(ratio)}
+  cfg = presets.objective_config("grpo", policy_loss=name)
+  assert presets.slice_exact(cfg)
+  theta = jnp.array([0.1, -0.3, 0.5, 0.0])
+  lp_fn = lambda t, seqs: {"logprobs": jax.nn.log_softmax(t)[seqs][..., None]}
+  seqs = jnp.array([[0, 1, 2, 2]])
+  batch = {"seqs": seqs, "mask": jnp.ones((1, 4, 1)), "old_logprobs": lp_fn(theta, seqs)["logprobs"],
+           "rewards": jnp.array([[1.0, 0, 0.5, 0.5]])}
+  loss, m = presets.build_loss(cfg, lp_fn)(theta, batch)
+  np.testing.assert_allclose(m["pg_ratio"], 1.0, rtol=1e-6)
+  assert float(loss) == pytest.approx(0.0, abs=1e-6)  # ratio 1, advantages with mean 0
+
+
+def test_none_policy_loss_leaves_only_the_other_terms():
+  theta = jnp.array([0.1, -0.3, 0.5, 0.0])
+  lp_fn = lambda t, seqs: {"logprobs": jax.nn.log_softmax(t)[seqs][..., None]}
+  seqs = jnp.array([[0, 1, 2, 2], [3, 3, 1, 0]])
+  batch = {"seqs": seqs, "mask": jnp.ones((2, 4, 1)), "old_logprobs": lp_fn(theta, seqs)["logprobs"],
+           "rewards": jnp.array([[1.0, 0, 0.5, 0.5], [0, 0, 1, 1]])}
+  dm_only = presets.objective_config("dmpo", policy_loss="none")
+  loss, m = presets.build_loss(dm_only, lp_fn)(theta, batch)
+  assert float(m["pg_loss"]) == 0.0
+  np.testing.assert_allclose(loss, 0.5 * m["dm_loss"], rtol=1e-6)
+  g = jax.grad(lambda t: presets.build_loss(dm_only, lp_fn)(t, batch)[0])(theta)
+  g_dm = jax.grad(lambda t: 0.5 * presets.build_loss(dm_only, lp_fn)(t, batch)[1]["dm_loss"])(theta)
+  np.testing.assert_allclose(g, g_dm, rtol=1e-6)
+  assert float(jnp.abs(g).sum()) > 0  # DMPO's term alone still trains
 
 
 # ------------------------------------------------------------------- presets

@@ -46,6 +46,7 @@ def env():
   return e
 
 
+@pytest.mark.slow
 def test_cli_smoke_dmpo(tmp_path):
   wd = tmp_path / "run"
   r = subprocess.run([sys.executable, "-m", "dmpo_jax.train", "--config=configs/nphard.py:smoke",
@@ -84,6 +85,7 @@ def test_cli_smoke_dmpo(tmp_path):
   assert json.loads((tmp_path / "eval_hf" / "eval.json").read_text())["num_problems"] == 2
 
 
+@pytest.mark.slow
 def test_dph_js_stage(tmp_path):
   cfg = smoke("smoke,algo=dph_js")
   res = train_lib.train(cfg, str(tmp_path))
@@ -96,6 +98,7 @@ def test_dph_js_stage(tmp_path):
   assert res["algo"] == "dph_js" and (tmp_path / "results.json").exists()
 
 
+@pytest.mark.slow
 def test_dph_with_stored_responses_adds_divergence(tmp_path):
   # An untrained smoke model rarely solves anything, so plant a store by marking every
   # prompt as D_pef (correct = feasible is replaced by a store we write ourselves).
@@ -112,25 +115,6 @@ def test_dph_with_stored_responses_adds_divergence(tmp_path):
   assert rows and all(r.get("divergence") is not None and np.isfinite(r["divergence"]) for r in rows)
 
 
-def test_resume_is_exact(tmp_path):
-  over = {"sft.steps": 2, "rl.steps": 4, "checkpoint.every": 100, "checkpoint.export_hf": True}
-  a, b = tmp_path / "a", tmp_path / "b"
-  train_lib.train(smoke(**over), str(a))
-  out = train_lib.train(smoke(**over, stop_at_step=2), str(b))  # stops at the end of SFT
-  assert out == {"stopped": True, "step": 2}
-  out = train_lib.train(smoke(**over, stop_at_step=4), str(b))  # resumes, stops mid-RL
-  assert out == {"stopped": True, "step": 4}
-  assert ckpt_lib.Checkpointer(str(b / "checkpoints")).latest_step() == 4
-  train_lib.train(smoke(**over), str(b))  # resumes 4 -> 6
-  pa, pb = load_params(a), load_params(b)
-  for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
-    np.testing.assert_array_equal(x, y)
-  ra = [json.loads(l) for l in open(a / "metrics.jsonl")]
-  rb = [json.loads(l) for l in open(b / "metrics.jsonl")]
-  assert [r["step"] for r in ra] == [r["step"] for r in rb]
-  assert [r["loss"] for r in ra] == [r["loss"] for r in rb]
-
-
 @pytest.fixture(scope="module")
 def one_device_run(tmp_path_factory):
   wd = tmp_path_factory.mktemp("d1")
@@ -141,6 +125,7 @@ def one_device_run(tmp_path_factory):
 TWO_STEPS = {"sft.steps": 1, "rl.steps": 1, "checkpoint.export_hf": True, "log.plots": False}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh", [(8, 1, 1), (2, 4, 1), (2, 2, 2)])
 def test_meshes_match_one_device(mesh, tmp_path, one_device_run):
   assert jax.device_count() == 8
@@ -179,6 +164,7 @@ def test_parameters_sharded_as_the_rules_say():
   assert shard_shape == (16, 32)
 
 
+@pytest.mark.slow
 def test_bad_config_fields_name_themselves(tmp_path):
   r = subprocess.run([sys.executable, "-m", "dmpo_jax.train", "--config=configs/nphard.py:smoke",
                       f"--workdir={tmp_path}", "--config.rl.no_such_field=1"],
@@ -194,6 +180,7 @@ def test_bad_config_fields_name_themselves(tmp_path):
     train_lib.train(smoke(**{"rl.objective.agg": "mean"}), str(tmp_path / "o"))
 
 
+@pytest.mark.slow
 def test_nonfinite_steps_stop_with_good_checkpoint(tmp_path):
   # A NaN learning rate makes every RL update non-finite: each step is skipped and counted;
   # the second in a row stops the run. SFT ends at step 3; step 4 (skipped) is saved.
@@ -215,12 +202,14 @@ def test_nonfinite_steps_stop_with_good_checkpoint(tmp_path):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # the NaN step changed nothing
 
 
+@pytest.mark.slow
 def test_other_model_shape_refused(tmp_path):
   train_lib.train(smoke(**{"rl.steps": 1, "checkpoint.export_hf": False}), str(tmp_path))
   with pytest.raises(ckpt_lib.CheckpointError, match="another model shape.*hidden_size: checkpoint 32 vs config 48"):
     train_lib.train(smoke(**{"rl.steps": 2, "model.hidden_size": 48}), str(tmp_path))
 
 
+@pytest.mark.slow
 def test_sigint_saves_and_exits(tmp_path):
   wd = tmp_path / "run"
   p = subprocess.Popen([sys.executable, "-m", "dmpo_jax.train", "--config=configs/nphard.py:smoke",
@@ -239,6 +228,7 @@ def test_sigint_saves_and_exits(tmp_path):
   assert 3 < step < 403   # past SFT, before the end: saved where it stopped
 
 
+@pytest.mark.slow
 def test_qwen_config_trains_a_local_hf_folder(tmp_path):
   """configs/nphard_qwen.py on a tiny random Qwen2 folder (task tokenizer saved in it):
   HF init, npbench prompts, bf16 compute, no SFT, one RL step, HF export."""
@@ -263,6 +253,7 @@ def test_qwen_config_trains_a_local_hf_folder(tmp_path):
     nphard_qwen.get_config(None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "dr_grpo", "gspo", "dmpo", "dapo", "gpg", "rkl"])
 def test_micro_batches_match_one_batch_exactly_when_slice_exact(algo):
   """Gradient accumulation over slices of whole groups gives the full batch's update for the

@@ -60,7 +60,7 @@ def sequence_scores(token_logprobs, mask):
 
 
 def aggregate(values, mask, mode: str = "seq_mean_token_mean", *, norm: float | None = None):
-  """Reduce per-token values [..., G, T] to a scalar (METHODS.md, policy losses).
+  """Reduce per-token values [..., G, T] to a scalar (docs/METHODS.md, policy losses).
 
   seq_mean_token_mean: mean over each sequence's valid tokens, then over sequences.
   token_mean: sum over all valid tokens / their number (DAPO).

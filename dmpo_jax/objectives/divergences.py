@@ -1,4 +1,4 @@
-"""f-divergences for DPH-RL (seed 004; METHODS.md, DPH-RL), registered by name.
+"""f-divergences for DPH-RL (DPH-RL, arXiv 2509.07430; docs/METHODS.md), registered by name.
 
 A divergence is a convex generator f with f(1) = 0 and
     D_f(P || Q) = sum_y Q(y) f(P(y) / Q(y)),

@@ -1,4 +1,6 @@
-"""DMPO: group-level distribution matching (seeds 000/002/003; METHODS.md, DMPO).
+"""DMPO: group-level distribution matching (docs/METHODS.md, DMPO).
+
+From "Beyond Mode Collapse: Distribution Matching for Diverse Reasoning".
 
 For a group of G completions of one prompt:
   p_i = softmax_i(r_i / alpha)            Boltzmann target over RAW rewards, no gradient

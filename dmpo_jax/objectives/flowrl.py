@@ -1,4 +1,4 @@
-"""FlowRL's trajectory-balance objective (Zhu et al. 2025; METHODS.md, FlowRL).
+"""FlowRL's trajectory-balance objective (Zhu et al. 2025; docs/METHODS.md, FlowRL).
 
 loss = mean_i w_i (log Z(x) + phi_i - beta r_hat_i - phi_ref_i)^2
 with phi the mean token log-prob under the policy, phi_ref under the

@@ -1,4 +1,4 @@
-"""Advantages and policy-gradient losses of the GRPO family (METHODS.md, policy losses).
+"""Advantages and policy-gradient losses of the GRPO family (docs/METHODS.md, policy losses).
 
 All losses are to be minimised and return (loss, aux) with aux a dict of
 scalars. Rewards and advantages are [..., G]; per-token arrays [..., G, T].
@@ -62,7 +62,7 @@ def gpg_scale(rewards):
 def policy_loss(logprobs, old_logprobs, mask, advantages, *, eps_low: float = 0.2,
                 eps_high: float = 0.2, agg: str = "seq_mean_token_mean",
                 dual_clip: float | None = None, norm: float | None = None):
-  """PPO-clip surrogate as used by GRPO/DAPO (METHODS.md).
+  """PPO-clip surrogate as used by GRPO/DAPO (docs/METHODS.md).
 
   s = min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) per token; with
   dual_clip c (> 1) tokens with A < 0 are further bounded below by c A.

@@ -1,4 +1,4 @@
-"""Per-token KL estimators to a reference policy (Schulman's k1, k2, k3; METHODS.md).
+"""Per-token KL estimators to a reference policy (Schulman's k1, k2, k3; docs/METHODS.md).
 
 With l = log pi_theta, l_ref = log pi_ref on tokens sampled from pi_theta:
 k1 = l - l_ref, k2 = (l - l_ref)^2 / 2, k3 = exp(l_ref - l) - (l_ref - l) - 1.
@@ -30,12 +30,14 @@ def k3(logprobs, ref_logprobs):
   return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -VALUE_CLAMP, VALUE_CLAMP)
 
 
-ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}
+ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}  # the registry: add an estimator here
 
 
 def get(name: str):
+  """The estimator `fn(logprobs, ref_logprobs) -> [..., T]` named `name`."""
   if name not in ESTIMATORS:
-    raise ValueError(f"unknown KL estimator {name!r}; choose one of {sorted(ESTIMATORS)}")
+    raise ValueError(f"unknown KL estimator objective.kl_estimator={name!r}; "
+                     f"choose one of {sorted(ESTIMATORS)}")
   return ESTIMATORS[name]
 
 

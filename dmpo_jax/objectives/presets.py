@@ -24,22 +24,22 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from dmpo_jax.objectives import common, divergences, dmpo, flowrl, grpo, kl
+from dmpo_jax.objectives import common, divergences, dmpo, kl, shaping, terms
 
 
 @dataclasses.dataclass(frozen=True)
 class ObjectiveConfig:
-  advantage: str = "grpo"  # grpo | dr_grpo | rloo
+  advantage: str = "grpo"  # terms.ADVANTAGES: grpo | dr_grpo | rloo
   unbiased_std: bool = False  # GRPO std over G - 1 (verl) instead of G
   adv_eps: float = 1e-6
-  policy_loss: str = "ppo_clip"  # ppo_clip | gspo | gpg | flowrl
+  policy_loss: str = "ppo_clip"  # terms.POLICY_LOSSES: ppo_clip | gspo | gpg | flowrl | none
   eps_low: float = 0.2
   eps_high: float = 0.2
   dual_clip: float | None = None
   agg: str = "seq_mean_token_mean"
   agg_norm: float | None = None  # seq_mean_token_sum_norm constant (default T)
   kl_coef: float = 0.0  # reverse-KL penalty to a reference on RL samples
-  kl_estimator: str = "k3"
+  kl_estimator: str = "k3"  # kl.ESTIMATORS: k1 | k2 | k3
   kl_in_reward: bool = False  # subtract kl_coef * sum k1 from rewards instead
   dm_coef: float = 0.0  # DMPO lambda
   dm_alpha: float = 1.0  # DMPO Boltzmann temperature
@@ -51,12 +51,11 @@ class ObjectiveConfig:
   overlong_cache: int = 0  # DAPO soft overlong band (tokens); 0 = off
 
   def __post_init__(self):
-    choices = {"advantage": ("grpo", "dr_grpo", "rloo"),
-               "policy_loss": ("ppo_clip", "gspo", "gpg", "flowrl"),
-               "agg": common.AGGREGATIONS, "kl_estimator": tuple(kl.ESTIMATORS)}
-    for field, valid in choices.items():
-      if getattr(self, field) not in valid:
-        raise ValueError(f"objective.{field}={getattr(self, field)!r} is not one of {valid}")
+    terms.ADVANTAGES.get(self.advantage)  # unknown names list the choices
+    terms.POLICY_LOSSES.get(self.policy_loss)
+    kl.get(self.kl_estimator)
+    if self.agg not in common.AGGREGATIONS:
+      raise ValueError(f"objective.agg={self.agg!r} is not one of {common.AGGREGATIONS}")
     for field in ("kl_coef", "dm_coef", "div_coef"):
       if getattr(self, field) < 0:
         raise ValueError(f"objective.{field} must be >= 0, got {getattr(self, field)}")
@@ -84,9 +83,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gpg": {"policy_loss": "gpg", "advantage": "dr_grpo"},
     # Zhu et al. 2025: trajectory balance with a learned log Z.
     "flowrl": {"policy_loss": "flowrl"},
-    # DMPO (seeds 000/002/003): GRPO + lambda * L_DM.
+    # DMPO: GRPO + lambda * L_DM (group-level distribution matching).
     "dmpo": {"dm_coef": 0.5, "dm_alpha": 1.0},
-    # DPH-RL (seed 004): GRPO on D_exp + eta * D_f on stored D_pef samples.
+    # DPH-RL (arXiv 2509.07430): GRPO on D_exp + eta * D_f on stored D_pef samples.
     "dph_f": {"divergence": "forward_kl", "div_coef": 0.05},
     "dph_js": {"divergence": "js", "div_coef": 0.2},
     "dph_alpha": {"divergence": "alpha", "div_alpha": 0.2, "div_coef": 0.05},
@@ -115,36 +114,55 @@ def slice_exact(cfg: ObjectiveConfig) -> bool:
   values (and gradients) over equal slices of whole groups equals the whole batch's
   (steps.accumulate). Not so for a global token mean: agg="token_mean", GPG, a KL term
   in the loss, DPH divergences (token means), and FlowRL (not checked)."""
-  return (cfg.policy_loss in ("ppo_clip", "gspo") and cfg.agg != "token_mean"
+  return (terms.POLICY_LOSSES.get(cfg.policy_loss).slice_exact and cfg.agg != "token_mean"
           and not (cfg.kl_coef > 0 and not cfg.kl_in_reward) and cfg.divergence is None)
 
 
+def needs_reference(cfg: ObjectiveConfig) -> bool:
+  """Whether the batch carries the reference policy's log-probs (a KL term, or a policy
+  loss that declares `reference`); the trainer then keeps the RL start policy."""
+  return cfg.kl_coef > 0 or terms.POLICY_LOSSES.get(cfg.policy_loss).reference
+
+
+def needs_log_z(cfg: ObjectiveConfig) -> bool:
+  """Whether the params carry a learned log Z(x) head (`params["log_z"]`)."""
+  return terms.POLICY_LOSSES.get(cfg.policy_loss).log_z
+
+
+def needs_dph_store(cfg: ObjectiveConfig) -> bool:
+  """Whether the batch carries stored reference samples (DPH-RL's D_pef, `dph_*` keys)."""
+  return cfg.divergence is not None
+
+
+def needs_group(cfg: ObjectiveConfig) -> bool:
+  """Whether the objective is undefined on a group of one sample (G < 2)."""
+  return cfg.advantage in terms.NEEDS_GROUP or cfg.dm_coef > 0
+
+
 def advantages(cfg: ObjectiveConfig, rewards):
-  if cfg.advantage == "grpo":
-    return grpo.group_advantages(rewards, eps=cfg.adv_eps, unbiased_std=cfg.unbiased_std)
-  if cfg.advantage == "dr_grpo":
-    return grpo.dr_grpo_advantages(rewards)
-  return grpo.rloo_advantages(rewards)
+  """Advantages [..., G] of rewards [..., G] by the registered estimator cfg.advantage."""
+  return terms.ADVANTAGES.get(cfg.advantage)(cfg, rewards)
 
 
 def kl_penalised_rewards(cfg: ObjectiveConfig, rewards, old_logprobs, ref_logprobs, mask):
   """With kl_in_reward: r - kl_coef * sum_t k1 (the sampled sequence's log-ratio)."""
   if not (cfg.kl_in_reward and cfg.kl_coef > 0):
     return rewards
-  k = jnp.sum(kl.k1(old_logprobs, ref_logprobs) * mask, axis=-1)
-  return rewards - cfg.kl_coef * jax.lax.stop_gradient(k)
+  return shaping.kl_in_reward(rewards, old_logprobs, ref_logprobs, mask, cfg.kl_coef)
 
 
 def build_loss(cfg: ObjectiveConfig, logprob_fn: Callable) -> Callable:
   """cfg -> loss_fn(params, batch) -> (loss, metrics). See the module docstring."""
   div = cfg.make_divergence() if cfg.divergence is not None else None
+  policy = terms.POLICY_LOSSES.get(cfg.policy_loss)
+  reference = needs_reference(cfg)
 
   def loss_fn(params, batch):
     out = logprob_fn(params, batch["seqs"])
     logp, mask = out["logprobs"], batch["mask"]
     old = batch["old_logprobs"]
     ref = batch.get("ref_logprobs")
-    if (cfg.kl_coef > 0 or cfg.policy_loss == "flowrl") and ref is None:
+    if reference and ref is None:
       raise ValueError(f"batch['ref_logprobs'] is required for kl_coef={cfg.kl_coef}, "
                        f"policy_loss={cfg.policy_loss!r}")
     rewards = batch["rewards"].astype(jnp.float32)
@@ -153,21 +171,11 @@ def build_loss(cfg: ObjectiveConfig, logprob_fn: Callable) -> Callable:
     scores = common.sequence_scores(logp, mask)  # phi, reused by DMPO and GSPO-like terms
     metrics = {}
 
-    if cfg.policy_loss == "ppo_clip":
-      loss, aux = grpo.policy_loss(logp, old, mask, adv, eps_low=cfg.eps_low,
-                                   eps_high=cfg.eps_high, agg=cfg.agg,
-                                   dual_clip=cfg.dual_clip, norm=cfg.agg_norm)
-    elif cfg.policy_loss == "gspo":
-      loss, aux = grpo.gspo_loss(logp, old, mask, adv, eps_low=cfg.eps_low,
-                                 eps_high=cfg.eps_high)
-    elif cfg.policy_loss == "gpg":
-      loss, aux = grpo.gpg_loss(logp, mask, rewards)
-    else:
-      if "log_z" not in out:
-        raise ValueError("policy_loss='flowrl' needs logprob_fn to return 'log_z'")
-      loss, aux = flowrl.flowrl_loss(scores, common.sequence_scores(ref, mask),
-                                     common.sequence_scores(old, mask), rewards,
-                                     out["log_z"], beta=cfg.flowrl_beta)
+    if policy.log_z and "log_z" not in out:
+      raise ValueError(f"policy_loss={cfg.policy_loss!r} needs logprob_fn to return 'log_z'")
+    loss, aux = policy.fn(cfg, terms.PolicyInputs(
+        logprobs=logp, old_logprobs=old, mask=mask, advantages=adv, rewards=rewards,
+        scores=scores, ref_logprobs=ref, log_z=out.get("log_z")))
     metrics.update({f"pg_{k}" if k != "clip_frac" else k: v for k, v in aux.items()})
     metrics["pg_loss"] = loss
 

@@ -1,0 +1,98 @@
+"""DPH-RL's pre-sampling stage and its store (dph_* presets; arXiv 2509.07430).
+
+Before RL, the initial policy answers each of config.dph.num_prompts training
+prompts config.dph.samples times. Prompts it solves often enough form D_pef:
+their correct responses are stored with their per-token log-probs
+(workdir/dph_store.npz) and the divergence term keeps the policy close to them.
+The other prompts form D_exp, the pool RL trains on.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax.numpy as jnp
+import numpy as np
+
+from dmpo_jax import distributed as dist
+from dmpo_jax import pipeline
+
+STORE = "dph_store.npz"
+
+
+def presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, state, reward_cfg):
+  """The store (read from workdir if a previous run wrote it): pef_* arrays and exp_items."""
+  path = os.path.join(workdir, STORE)
+  prompt_len, completion_len, k = cfg.model.max_prompt_len, cfg.model.max_new_tokens, cfg.dph.samples
+  items = [it for j in range(cfg.dph.num_prompts) for it in taskset.train("dph", j, 1)]
+  if dist.agree(os.path.exists(path)):
+    z = np.load(path)
+    exp = [items[i] for i in z["exp_index"]]
+    return {"pef_tokens": z["pef_tokens"], "pef_prompt_mask": z["pef_prompt_mask"],
+            "pef_mask": z["pef_mask"], "pef_logprobs": z["pef_logprobs"], "exp_items": exp}
+  pef_tok, pef_pm, pef_m, pef_lp, pef_index, exp_index = [], [], [], [], [], []
+  chunk = cfg.eval.batch_prompts
+  for c0 in range(0, len(items), chunk):
+    part = items[c0:c0 + chunk]
+    real = len(part)
+    part = part + [part[-1]] * (chunk - real)
+    pt, pm = pipeline.pad_left([encoder.encode(kk, q) for kk, q in part], prompt_len, encoder.pad)
+    tokens, mask, _ = sampler(params, pt, pm, state.dph_key(c0))
+    pt, pm = np.repeat(pt, k, 0), np.repeat(pm, k, 0)
+    sh = tokens.sharding
+    seqs = {"tokens": jnp.concatenate([dist.to_global(pt, sh), tokens], 1), "prompt_mask": dist.to_global(pm, sh)}
+    ref = dist.to_host(logprob_eval(params, seqs))
+    tokens, mask = dist.to_host(tokens), dist.to_host(mask)
+    texts = encoder.texts(tokens, mask)
+    _, stats = pipeline.score_groups(part[:real], texts[:real * k], k, reward_cfg)
+    ok = stats["feasible"] if cfg.dph.correct == "feasible" else stats["ratio"] >= 1.0
+    for i in range(real):
+      # D_pef: the initial policy solves the prompt in at least pef_threshold of its k samples
+      # (DPH-RL: all of them, 1.0); its correct responses are stored.
+      if ok[i].any() and ok[i].mean() >= cfg.dph.pef_threshold:
+        for j in range(k):
+          if not ok[i, j]:
+            continue
+          r = i * k + j
+          pef_tok.append(np.concatenate([pt[r], tokens[r]]))
+          pef_pm.append(pm[r])
+          pef_m.append(mask[r])
+          pef_lp.append(ref[r])
+          pef_index.append(c0 + i)
+      else:
+        exp_index.append(c0 + i)
+  store = {"pef_tokens": np.asarray(pef_tok, np.int32).reshape(-1, prompt_len + completion_len),
+           "pef_prompt_mask": np.asarray(pef_pm, np.int32).reshape(-1, prompt_len),
+           "pef_mask": np.asarray(pef_m, np.int32).reshape(-1, completion_len),
+           "pef_logprobs": np.asarray(pef_lp, np.float32).reshape(-1, completion_len),
+           "pef_index": np.asarray(pef_index, np.int64), "exp_index": np.asarray(exp_index, np.int64)}
+  if dist.is_main():
+    tmp = path + ".tmp.npz"
+    np.savez(tmp, **store)
+    os.replace(tmp, path)
+  n_pef = len(items) - len(exp_index)
+  print(f"DPH pre-sampling: {n_pef} of {len(items)} prompts in D_pef ({len(pef_tok)} stored responses), "
+        f"{len(exp_index)} in D_exp", flush=True)
+  store["exp_items"] = [items[i] for i in exp_index]
+  return store
+
+
+def rl_items(store, taskset, rl_step: int, n: int) -> list:
+  """The n instances of RL step rl_step: D_exp's (cycling) when a store has one, else fresh."""
+  if store is not None and len(store["exp_items"]):
+    pool = store["exp_items"]
+    return [pool[(rl_step * n + i) % len(pool)] for i in range(n)]
+  return taskset.train("rl", rl_step, n)
+
+
+def batch_part(store, rl_step: int, n: int) -> dict:
+  """n stored D_pef responses for RL step rl_step (cycling through the store), as the
+  `dph_*` batch entries; empty when the store holds none."""
+  total = len(store["pef_tokens"]) if store is not None else 0
+  if not total:
+    return {}
+  idx = (np.arange(n) + rl_step * n) % total
+  return {"dph_seqs": {"tokens": jnp.asarray(store["pef_tokens"][idx]),
+                       "prompt_mask": jnp.asarray(store["pef_prompt_mask"][idx])},
+          "dph_ref_logprobs": jnp.asarray(store["pef_logprobs"][idx]),
+          "dph_mask": jnp.asarray(store["pef_mask"][idx])}

@@ -1,0 +1,138 @@
+"""Rollout collection: prompts -> sampled completions -> scored, shaped rewards, as one typed batch.
+
+`collect_rollouts` samples G completions of each prompt in `chunks` pieces:
+while the host decodes and verifies piece c, the device already samples
+piece c + 1 (and computes piece c's reference log-probs), so scoring does
+not stall the device. The result, `Rollouts`, holds the device arrays the
+update reads and the host arrays the logs read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dmpo_jax import distributed as dist
+from dmpo_jax import pipeline, steps
+from dmpo_jax.objectives import shaping
+from dmpo_jax.sampling import sampler as sampler_lib
+
+
+def make_sampler(graphdef, scfg: sampler_lib.SamplingConfig, p_sh, data_sh, rep) -> Callable:
+  """Jitted (params, prompts [Bp, P], mask [Bp, P], key) -> (tokens, mask, logprobs), each
+  [Bp * scfg.num_samples, T] and sharded over the mesh's rows. Prompts (host arrays, small)
+  and the key (raw key data) are passed replicated."""
+  def run(params, prompt_tokens, prompt_mask, key_data):
+    steps.TRACES["sampler"] += 1
+    rng = jax.random.wrap_key_data(key_data)
+    r = sampler_lib._generate(graphdef, params["model"], prompt_tokens, prompt_mask, rng, scfg)
+    return r.tokens, r.mask, r.logprobs
+  jitted = jax.jit(run, in_shardings=(p_sh, rep, rep, rep),
+                   out_shardings=(data_sh, data_sh, data_sh))
+
+  def call(params, prompt_tokens, prompt_mask, key):
+    return jitted(params, dist.to_global(prompt_tokens, rep), dist.to_global(prompt_mask, rep),
+                  dist.to_global(np.asarray(jax.random.key_data(key)), rep))
+  return call
+
+
+@dataclasses.dataclass
+class Rollouts:
+  """One RL step's samples: P prompts x G completions of T = completion_len tokens."""
+  items: list                     # the P (task key, instance) pairs
+  seqs: dict                      # device: "tokens" [P, G, prompt_len + T], "prompt_mask" [P, G, prompt_len]
+  completion_mask: np.ndarray     # [P, G, T]; 0 throughout the groups dynamic sampling drops
+  old_logprobs: jax.Array         # [P, G, T] the sampler's (pi_old)
+  ref_logprobs: jax.Array | None  # [P, G, T] the reference policy's, if the objective reads it
+  rewards: np.ndarray             # [P, G] after shaping
+  lengths: np.ndarray             # [P, G] completion lengths (tokens)
+  stats: dict                     # host scoring: ratio, feasible [P, G]; distinct, solution_entropy [P]
+  sample_s: float                 # wall time of sampling not overlapped by host scoring
+  score_s: float                  # host decoding, verifying and shaping
+
+  def batch(self, data_sh) -> dict:
+    """The update's input (see `objectives.presets`), on the mesh."""
+    out = {"seqs": self.seqs, "mask": dist.to_global(self.completion_mask, data_sh),
+           "old_logprobs": self.old_logprobs, "rewards": dist.to_global(self.rewards, data_sh)}
+    if self.ref_logprobs is not None:
+      out["ref_logprobs"] = self.ref_logprobs
+    return out
+
+  def metrics(self) -> dict:
+    """The step's logged rollout scalars."""
+    return {"reward_mean": float(self.rewards.mean()),
+            "qr_mean": float(np.mean(np.minimum(self.stats["ratio"], 10))),
+            "feasible": float(self.stats["feasible"].mean()),
+            "distinct": float(self.stats["distinct"].mean()),
+            "solution_entropy": float(self.stats["solution_entropy"].mean()),
+            "length": float(self.lengths.mean())}
+
+
+def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *, key,
+                     group_size: int, chunks: int, reward_cfg, objective, prompt_len: int,
+                     completion_len: int, data_sh, ref_fn: Callable | None = None) -> Rollouts:
+  """Sample, score and shape G = group_size completions of each of `items`.
+
+  sampler: `make_sampler`'s; ref_fn(seqs) -> reference log-probs [B, T] (None when the
+  objective reads no reference); objective: the ObjectiveConfig (its shaping fields).
+  """
+  t0 = time.time()
+  P, G = len(items), group_size
+  prompt_tokens, prompt_mask = pipeline.pad_left([encoder.encode(k, q) for k, q in items],
+                                                 prompt_len, encoder.pad)  # [P, prompt_len]
+  tokens, mask, old_lp, ref_lp, rewards, stats, host_s = _sample_and_score(
+      sampler, params, items, encoder, prompt_tokens, prompt_mask, key, G, chunks, reward_cfg,
+      ref_fn)
+  pt, pm = np.repeat(prompt_tokens, G, 0), np.repeat(prompt_mask, G, 0)  # each sample's prompt
+  seqs = {"tokens": jnp.concatenate([dist.to_global(pt, data_sh), tokens], 1).reshape(
+              P, G, prompt_len + completion_len),
+          "prompt_mask": dist.to_global(pm.reshape(P, G, prompt_len), data_sh)}
+  t1 = time.time()
+  lengths = mask.sum(-1).reshape(P, G)
+  completion_mask = mask.reshape(P, G, completion_len)
+  rewards, keep = shaping.shape_rewards(objective, rewards, lengths, stats["feasible"],
+                                        completion_len)
+  if keep is not None:  # fixed shapes: dropped groups are masked, not resampled
+    completion_mask = completion_mask * keep[:, None, None]
+  t2 = time.time()
+  as_groups = lambda x: None if x is None else x.reshape(P, G, completion_len)
+  return Rollouts(items=items, seqs=seqs, completion_mask=completion_mask,
+                  old_logprobs=as_groups(old_lp), ref_logprobs=as_groups(ref_lp), rewards=rewards,
+                  lengths=lengths, stats=stats, sample_s=t1 - t0 - host_s, score_s=t2 - t1 + host_s)
+
+
+def _sample_and_score(sampler, params, items, encoder, prompt_tokens, prompt_mask, key, G,
+                      chunks, reward_cfg, ref_fn):
+  """The overlapped loop: device tokens [P*G, T], host mask, device old log-probs, device
+  reference log-probs (or None), rewards [P, G], stats, host seconds."""
+  per = len(items) // chunks
+  piece = lambda x, c: x[c * per:(c + 1) * per]
+  launch = lambda c: sampler(params, piece(prompt_tokens, c), piece(prompt_mask, c),
+                             jax.random.fold_in(key, c))
+  pending, outs, host_s = launch(0), [], 0.0
+  for c in range(chunks):
+    tokens, mask, logp = pending
+    if c + 1 < chunks:
+      pending = launch(c + 1)  # async dispatch: runs while the host scores piece c
+    ref = None
+    if ref_fn is not None:
+      data_sh = tokens.sharding
+      per_row = lambda x: np.repeat(piece(x, c), G, 0)  # each sample's prompt
+      seqs = {"tokens": jnp.concatenate([dist.to_global(per_row(prompt_tokens), data_sh), tokens], 1),
+              "prompt_mask": dist.to_global(per_row(prompt_mask), data_sh)}
+      ref = ref_fn(seqs)
+    tok_h, mask_h = dist.to_host(tokens), dist.to_host(mask)
+    h0 = time.time()
+    texts = encoder.texts(tok_h, mask_h)
+    r, st = pipeline.score_groups(piece(items, c), texts, G, reward_cfg)
+    host_s += time.time() - h0
+    outs.append((tokens, mask_h, logp, ref, r, st))
+  cat = lambda i: jnp.concatenate([o[i] for o in outs])
+  stats = {k: np.concatenate([o[5][k] for o in outs]) for k in outs[0][5]}
+  return (cat(0), np.concatenate([o[1] for o in outs]), cat(2),
+          cat(3) if ref_fn is not None else None, np.concatenate([o[4] for o in outs]), stats, host_s)

@@ -1,0 +1,51 @@
+"""The update: optimizers, micro-batching, and one step on a batch (SFT or RL).
+
+The jitted step functions themselves are `dmpo_jax.steps` (`make_rl_step`,
+`make_sft_step`): pure functions of (params, opt_state, batch) with explicit
+shardings and donation. `update` runs one and advances the train state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import optax
+
+from dmpo_jax import distributed as dist
+from dmpo_jax import sharding
+from dmpo_jax.objectives import presets
+from dmpo_jax.training.state import TrainState
+
+
+def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: float):
+  """AdamW with linear warmup then cosine decay to lr / 10, after global-norm clipping."""
+  warmup = max(1, min(warmup, steps_total))
+  sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps_total, warmup + 1), lr * 0.1)
+  return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(sched, weight_decay=0.0))
+
+
+def micro_batches(cfg, obj: presets.ObjectiveConfig, mesh) -> int:
+  """config.rl.micro_batches, with 0 (auto) resolved by `auto_micro_batches`."""
+  return cfg.rl.micro_batches or auto_micro_batches(obj, cfg.rl.prompts_per_step,
+                                                    sharding.batch_rows(mesh))
+
+
+def auto_micro_batches(obj: presets.ObjectiveConfig, prompts: int, rows: int = 1) -> int:
+  """On a CPU, one slice per prompt group (as many as `rows` batch devices allow) when the
+  objective is a mean over sequences and groups, so that slicing changes nothing but
+  summation order; 1 otherwise (and on GPU/TPU). Slices of one group keep the update's
+  matmuls cache-sized: about 1.4x faster on the 2-core CPU."""
+  if jax.default_backend() != "cpu" or not presets.slice_exact(obj):
+    return 1
+  return max(m for m in range(1, prompts + 1) if prompts % m == 0 and (prompts // m) % rows == 0)
+
+
+def update(state: TrainState, batch: dict, step_fn) -> tuple[TrainState, dict]:
+  """One optimizer step: step_fn(params, opt_state, batch) -> (params, opt_state, metrics),
+  a `steps.make_*_step`. Returns the next state and the metrics on the host; a skipped
+  (non-finite) step leaves params and optimizer state as they were and is counted."""
+  params, opt_state, metrics = step_fn(state.params, state.opt_state, batch)
+  metrics = dist.tree_to_host(metrics)
+  state.counters["nonfinite_total"] += int(metrics["skipped"])
+  return dataclasses.replace(state, params=params, opt_state=opt_state, step=state.step + 1), metrics
