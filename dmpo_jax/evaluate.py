@@ -38,6 +38,7 @@ from dmpo_jax import checkpoint as ckpt_lib
 from dmpo_jax import evaluation, pipeline, report
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import hf
+from dmpo_jax.objectives import presets
 from dmpo_jax.sampling import sampler as sampler_lib
 from dmpo_jax.tasks import data as data_lib
 from dmpo_jax.tasks import rewards as rewards_lib
@@ -89,7 +90,7 @@ def load_policy():
   params = {"model": state}
   meta = ck.read_meta(step)
   obj = train_lib.objective_from_config(cfg)
-  if obj.policy_loss == "flowrl":
+  if presets.needs_log_z(obj):
     from dmpo_jax.objectives import flowrl
     params["log_z"] = flowrl.init_log_z_head(jax.random.key(0), model.cfg.hidden_size)
   sft_opt = train_lib.make_optimizer(1.0, 2, 1, 1.0)
@@ -107,21 +108,11 @@ class FilePromptEncoder(pipeline.PromptEncoder):
     super().__init__(tokenizer, style, max_prompt_len, chat_template)
     self.prompts = prompts  # id(question) -> the record's prompt text
 
-  def encode(self, key: str, q: dict) -> list[int]:
+  def prompt_text(self, key: str, q: dict) -> str:
     text = self.prompts.get(id(q))
     if text is None or self.style != "npbench":
-      return super().encode(key, q)
-    if self.chat:
-      ids = self.tok.apply_chat_template([{"role": "user", "content": text}],
-                                         add_generation_prompt=True, tokenize=True)
-      ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    else:
-      ids = self.tok.encode(text, add_special_tokens=False)
-      if self.bos is not None:
-        ids = [self.bos] + ids
-    if len(ids) > self.max_len:
-      raise ValueError(f"the file's prompt of {key} has {len(ids)} tokens > max_prompt_len={self.max_len}")
-    return ids
+      return super().prompt_text(key, q)
+    return text
 
 
 def file_protocol(style: str, default_level: str) -> tuple[dict, dict]:

@@ -90,8 +90,11 @@ class PromptEncoder:
     self.eos = tokenizer.eos_token_id
     self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
+  def prompt_text(self, key: str, q: dict) -> str:
+    return tasks_lib.get(key).prompt(q, self.style)
+
   def encode(self, key: str, q: dict) -> list[int]:
-    text = tasks_lib.get(key).prompt(q, self.style)
+    text = self.prompt_text(key, q)
     if self.chat:
       ids = self.tok.apply_chat_template([{"role": "user", "content": text}],
                                          add_generation_prompt=True, tokenize=True)

@@ -303,10 +303,7 @@ def save(model: Transformer, tokenizer, path: str) -> None:
   if hasattr(model, "visual"):  # a Qwen2.5-VL; `tokenizer` is then its VLProcessor (or None)
     from dmpo_jax.models import qwen2_5_vl
     return qwen2_5_vl.save(model, tokenizer, path)
-  parent = os.path.dirname(os.path.abspath(path)) or "."
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".tmp-hf-", dir=parent)
-  try:
+  def write(tmp):
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(config_to_hf(model.cfg, tokenizer), f, indent=2)
     tensors = {k: jax.device_get(v) for k, v in _hf_tensors(model).items()}
@@ -314,6 +311,18 @@ def save(model: Transformer, tokenizer, path: str) -> None:
               os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     if tokenizer is not None:
       tokenizer.save_pretrained(tmp)
+
+  write_folder(path, write)
+
+
+def write_folder(path: str, write) -> None:
+  """Call write(tmp) on a fresh temporary folder beside `path`, then move it into place:
+  a failure midway leaves any previous folder at `path` untouched."""
+  parent = os.path.dirname(os.path.abspath(path)) or "."
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".tmp-hf-", dir=parent)
+  try:
+    write(tmp)
     if os.path.exists(path):
       old = path.rstrip("/") + ".old"
       shutil.rmtree(old, ignore_errors=True)

@@ -304,16 +304,10 @@ def save(model: Qwen2_5_VL, processor, path: str) -> None:
   with `Qwen2_5_VLForConditionalGeneration.from_pretrained`: config.json, model.safetensors
   (released tensor names: `visual.*`, `model.layers.*`), tokenizer and image processor files.
   Written to a temporary folder and moved into place, as `hf.save` does."""
-  import shutil
-  import tempfile
-
   import jax
   from safetensors.flax import save_file
 
-  parent = os.path.dirname(os.path.abspath(path)) or "."
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".tmp-hf-", dir=parent)
-  try:
+  def write(tmp):
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(config_to_hf(model.cfg), f, indent=2)
     text = {k: np.asarray(jax.device_get(v)) for k, v in hf._hf_tensors(model.language).items()}
@@ -322,14 +316,5 @@ def save(model: Qwen2_5_VL, processor, path: str) -> None:
               os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     if processor is not None:
       processor.save_pretrained(tmp)
-    if os.path.exists(path):
-      old = path.rstrip("/") + ".old"
-      shutil.rmtree(old, ignore_errors=True)
-      os.replace(path, old)
-      os.replace(tmp, path)
-      shutil.rmtree(old, ignore_errors=True)
-    else:
-      os.replace(tmp, path)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
+
+  hf.write_folder(path, write)
