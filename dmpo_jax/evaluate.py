@@ -132,6 +132,7 @@ def file_protocol(style: str, default_level: str) -> tuple[dict, dict]:
            "k": FLAGS.k, "temperature": FLAGS.temperature,
            "compat": FLAGS.compat if FLAGS["compat"].present else "npbench",
            "ground_truth": "the file's ground_truth (our reference where absent)",
+           "success": "feasible with quality ratio > 0, as NP-Bench counts SR",
            "prompts": "the file's own prompt" if style == "npbench" else "compact, rebuilt from question"}
   npbench = proto["samples"] == 3 and proto["k"] == 3 and proto["temperature"] == 0.7 and \
       proto["compat"] == "npbench"
@@ -182,7 +183,8 @@ def main(argv):
         sample_fn, encoder, items, samples=samples, k=FLAGS.k,
         pass_ks=tuple(sorted({1, FLAGS.k, samples})), rng=jax.random.key(FLAGS.seed),
         batch_prompts=FLAGS.batch_prompts, prompt_len=plen,
-        reward_cfg=rewards_lib.RewardConfig(compat=compat), ground_truths=gts, progress=True)
+        reward_cfg=rewards_lib.RewardConfig(compat=compat), ground_truths=gts, progress=True,
+        success="positive_ratio" if proto is not None else "feasible")
   os.makedirs(FLAGS.out, exist_ok=True)
   if proto is None:
     res = results[level]

@@ -17,13 +17,21 @@ from dmpo_jax import pipeline
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.tasks import scoring
 
+SUCCESS = ("feasible", "positive_ratio")
 TABLE_METRICS = ("SR@3", "QR@3", "SR_mean", "QR_mean", "distinct", "length")
 
 
 def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int, k: int = 3,
              pass_ks=(1, 3), rng, batch_prompts: int, prompt_len: int, reward_cfg,
-             ground_truths: list[float] | None = None, progress: bool = False) -> dict:
-  """Score ``items`` ([(task key, question)]); returns per-task, category and overall means."""
+             ground_truths: list[float] | None = None, progress: bool = False,
+             success: str = "feasible") -> dict:
+  """Score ``items`` ([(task key, question)]); returns per-task, category and overall means.
+
+  success: what makes a sample count toward SR: "feasible" (ours), or "positive_ratio"
+  (NP-Bench's evaluation: feasible with a quality ratio above 0, so a feasible answer of
+  value 0 on a maximisation task is a failure)."""
+  if success not in SUCCESS:
+    raise ValueError(f"success={success!r}; choose one of {SUCCESS}")
   problems = []
   chunks = range(0, len(items), batch_prompts)
   if progress:
@@ -42,7 +50,8 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
     _, stats = pipeline.score_groups(chunk, texts[:real * samples], samples, reward_cfg, gts)
     lengths = mask.sum(-1).reshape(batch_prompts, samples)[:real]
     for i, (key, _) in enumerate(chunk):
-      s = scoring.problem_scores(list(stats["ratio"][i]), list(stats["feasible"][i]), k=k,
+      ok = stats["feasible"][i] & (stats["ratio"][i] > 0 if success == "positive_ratio" else True)
+      s = scoring.problem_scores(list(stats["ratio"][i]), list(ok), k=k,
                                  pass_ks=pass_ks)
       s["distinct"] = float(stats["distinct"][i])
       s["solution_entropy"] = float(stats["solution_entropy"][i])

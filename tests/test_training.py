@@ -163,6 +163,24 @@ def test_evaluation_scores_a_sampler(encoder):
   assert "overall (category mean)" in table and "->" in table
 
 
+def test_evaluation_success_as_npbench_counts_it(encoder):
+  """NP-Bench counts a sample as solved when its quality ratio is above 0: an empty independent
+  set (feasible in NP-Bench's rules, value 0) is a failure there and a success in ours."""
+  items = [("maximum-set", tasks_lib.get("maximum-set").generate(10**6 + j, "tiny")) for j in range(3)]
+  answer = encoder.tok.encode(" []", add_special_tokens=False) + [encoder.eos]
+  rows = np.zeros((3 * 3, LT), np.int32)
+  rows[:, :len(answer)] = answer
+  mask = (np.arange(LT) < len(answer)).astype(np.int32)[None].repeat(9, 0)
+  run = lambda success: evaluation.evaluate(
+      lambda pt, pm, rng: (rows, mask), encoder, items, samples=3, k=3, pass_ks=(1, 3),
+      rng=jax.random.key(0), batch_prompts=3, prompt_len=LP,
+      reward_cfg=rewards_lib.RewardConfig(compat="npbench"), success=success)
+  assert run("feasible")["per_task"]["maximum-set"]["SR@3"] == 1.0
+  assert run("positive_ratio")["per_task"]["maximum-set"]["SR@3"] == 0.0
+  with pytest.raises(ValueError, match="success"):
+    run("ratio")
+
+
 def test_metrics_writer_resume_drops_later_rows(tmp_path):
   w = report.MetricsWriter(str(tmp_path), tensorboard=False)
   for s in (1, 2, 3):
