@@ -15,10 +15,49 @@ import hashlib
 import numpy as np
 
 from dmpo_jax import tasks as tasks_lib
+from dmpo_jax.tasks import diversity, optima
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.tasks import scoring
 
 EVAL_SEED0 = 1_000_000
+MAX_REDRAWS = 1000  # instance filter: attempts per row before giving up
+
+
+@dataclasses.dataclass(frozen=True)
+class Collapse:
+  """The mode-collapse testbed's settings (config.collapse; docs/COLLAPSE.md).
+
+  limit, time_limit: of each instance's enumeration (Task.optimal_solutions);
+  min_optima..max_optima: the instance filter (complete enumerations only)."""
+  limit: int = 64
+  time_limit: float = 10.0
+  min_optima: int = 2
+  max_optima: int | None = 16
+
+  @classmethod
+  def from_config(cls, cfg) -> "Collapse | None":
+    """None unless the config has a `collapse` block with `enabled` (default True)."""
+    c = cfg.get("collapse")
+    if c is None or not c.get("enabled", True):
+      return None
+    out = cls(limit=int(c.get("limit", 64)), time_limit=float(c.get("time_limit", 10.0)),
+              min_optima=int(c.get("min_optima", 2)), max_optima=c.get("max_optima", 16))
+    if out.limit < 1 or out.min_optima < 0 or (out.max_optima is not None and out.max_optima < out.min_optima):
+      raise ValueError(f"config.collapse: need limit >= 1 and 0 <= min_optima <= max_optima, got {out}")
+    return out
+
+  def optima(self, key: str, q: dict):
+    """The instance's Optima, or None for a task without enumeration."""
+    if key not in optima.supported():
+      return None
+    return tasks_lib.get(key).optimal_solutions(q, limit=self.limit, time_limit=self.time_limit)
+
+  def accepts(self, key: str, q: dict) -> bool:
+    """Whether the filter keeps the instance (tasks without enumeration: always)."""
+    if key not in optima.supported():
+      return True
+    return optima.optima_in_range(tasks_lib.get(key), q, self.min_optima, self.max_optima,
+                                  limit=self.limit, time_limit=self.time_limit) is not None
 
 
 def _seed(*parts) -> int:
@@ -49,6 +88,7 @@ class TaskSet:
   level: str
   seed: int
   curriculum: list[tuple[int, str]] | None = None
+  collapse: Collapse | None = None  # with it, instances are filtered by their number of optima
 
   def __post_init__(self):
     for k in self.keys:
@@ -69,14 +109,34 @@ class TaskSet:
     out = []
     for i in range(n):
       key = self.keys[(step * n + i) % len(self.keys)]
-      q = tasks_lib.get(key).generate(_seed(self.seed, stage, step, i), level)
-      out.append((key, q))
+      seeds = (_seed(self.seed, stage, step, i, *(("redraw", a) if a else ())) for a in range(MAX_REDRAWS))
+      out.append((key, self._draw(key, seeds, level, f"{stage} step {step} row {i}")[1]))
     return out
 
   def held_out(self, num_per_task: int, level: str | None = None) -> list[tuple[str, dict]]:
+    """num_per_task instances per task from seeds EVAL_SEED0, +1, ...; with the collapse
+    filter, the first num_per_task of those seeds that it accepts."""
     level = level or self.level
-    return [(k, tasks_lib.get(k).generate(EVAL_SEED0 + j, level))
-            for k in self.keys for j in range(num_per_task)]
+    out = []
+    for k in self.keys:
+      start = EVAL_SEED0
+      for j in range(num_per_task):
+        seeds = range(start, start + MAX_REDRAWS)
+        seed, q = self._draw(k, seeds, level, f"held-out instance {j}")
+        start = seed + 1
+        out.append((k, q))
+    return out
+
+  def _draw(self, key: str, seeds, level: str, what: str) -> tuple[int, dict]:
+    """(seed, instance): the first instance of `seeds` the collapse filter accepts (the first one without it)."""
+    task = tasks_lib.get(key)
+    for seed in seeds:
+      q = task.generate(seed, level)
+      if self.collapse is None or self.collapse.accepts(key, q):
+        return seed, q
+    c = self.collapse
+    raise ValueError(f"config.collapse: no {key} instance at level {level} with {c.min_optima}.."
+                     f"{c.max_optima} optima in {MAX_REDRAWS} draws ({what}); widen min_optima/max_optima")
 
 
 class PromptEncoder:
@@ -143,23 +203,53 @@ def pad_right(rows: list[list[int]], length: int, pad: int) -> tuple[np.ndarray,
 
 
 def score_groups(items, texts: list[str], group: int, reward_cfg: rewards_lib.RewardConfig,
-                 ground_truths: list[float] | None = None):
-  """Rewards [P, G] and per-group stats for P instances with G texts each (row-major)."""
+                 ground_truths: list[float] | None = None, collapse: Collapse | None = None):
+  """Rewards [P, G] and per-group stats for P instances with G texts each (row-major).
+
+  With `collapse`, also the collapse metrics of each group against the instance's
+  enumerated optima (`collapse_stats`)."""
   p = len(items)
   rewards = np.zeros((p, group), np.float32)
   ratios = np.zeros((p, group), np.float32)
   feasible = np.zeros((p, group), bool)
-  distinct, entropy = [], []
+  distinct, entropy, groups = [], [], []
   for i, (key, q) in enumerate(items):
     task = tasks_lib.get(key)
     gt = ground_truths[i] if ground_truths is not None else rewards_lib.ground_truth(task, q, reward_cfg)
-    r, verdicts = rewards_lib.score(task, q, texts[i * group:(i + 1) * group], reward_cfg, gt=gt)
+    group_texts = texts[i * group:(i + 1) * group]
+    r, verdicts = rewards_lib.score(task, q, group_texts, reward_cfg, gt=gt)
     rewards[i] = r
     feasible[i] = [v.feasible for v in verdicts]
     ratios[i] = [scoring.ratio(v.value, gt, task.direction) if v.feasible else 0.0 for v in verdicts]
     sols = [v.solution for v in verdicts]
     distinct.append(scoring.distinct_solutions(sols))
     entropy.append(scoring.solution_entropy(sols))
-  return rewards, {"ratio": ratios, "feasible": feasible,
-                   "distinct": np.asarray(distinct, np.float32),
-                   "solution_entropy": np.asarray(entropy, np.float32)}
+    if collapse is not None:
+      groups.append(collapse_stats(collapse, key, q, group_texts, verdicts, reward_cfg.compat))
+  stats = {"ratio": ratios, "feasible": feasible, "distinct": np.asarray(distinct, np.float32),
+           "solution_entropy": np.asarray(entropy, np.float32)}
+  if collapse is not None:
+    stats.update({k: np.asarray([g[k] for g in groups], bool if k == "optimal" else np.float32)
+                  for k in COLLAPSE_STATS + ("optimal",)})
+  return rewards, stats
+
+
+COLLAPSE_STATS = ("optimal_rate", "distinct_optimal", "coverage", "entropy_optimal")
+
+
+def collapse_stats(collapse: Collapse, key: str, q: dict, texts, verdicts, compat: str) -> dict:
+  """One group's collapse metrics (`diversity.group_metrics`) from strict verdicts (the
+  verdicts are re-verified strictly when the rewards use other rules), and which samples
+  are optimal ("optimal" [G]). NaN metrics for a task without enumeration."""
+  opt = collapse.optima(key, q)
+  if opt is None:
+    return {**dict.fromkeys(COLLAPSE_STATS, np.nan), "optimal": np.zeros(len(texts), bool)}
+  task = tasks_lib.get(key)
+  if compat != "strict":
+    verdicts = [task.verify(q, t, compat="strict") for t in texts]
+  sols = [v.solution if v.feasible else None for v in verdicts]
+  values = [v.value if v.feasible else None for v in verdicts]
+  m = diversity.group_metrics(sols, values, opt.value, opt.solutions)
+  out = {k: float(m[k]) for k in COLLAPSE_STATS}
+  out["optimal"] = diversity.optimal_mask(values, opt.value) & np.asarray([s is not None for s in sols])
+  return out

@@ -42,6 +42,7 @@ from dmpo_jax.models import hf, tokenizer as tok_lib
 from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.objectives import flowrl, presets, terms
 from dmpo_jax.sampling import sampler as sampler_lib
+from dmpo_jax.tasks import optima as optima_lib
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.training import dph
 from dmpo_jax.training.rollout import collect_rollouts, make_sampler
@@ -61,6 +62,9 @@ def define_flags():
                       "(or JAX_COORDINATOR_ADDRESS; automatic on TPU pods and SLURM)")
   flags.DEFINE_integer("num_processes", None, "multi-process: number of processes (or JAX_NUM_PROCESSES)")
   flags.DEFINE_integer("process_id", None, "multi-process: this process's index (or JAX_PROCESS_ID)")
+
+
+SFT_TARGETS = ("sampled", "optimal")  # config.sft.targets (see sft_batch)
 
 
 class TrainingError(RuntimeError):
@@ -123,6 +127,14 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
     raise ValueError(f"config.dph.pef_threshold={cfg.dph.pef_threshold} must be in (0, 1]")
   if cfg.dph.correct not in ("feasible", "optimal"):
     raise ValueError(f"config.dph.correct={cfg.dph.correct!r}; choose 'feasible' or 'optimal'")
+  targets = cfg.sft.get("targets", "sampled")
+  if targets not in SFT_TARGETS:
+    raise ValueError(f"config.sft.targets={targets!r}; choose one of {SFT_TARGETS}")
+  if targets == "optimal":
+    missing = [k for k in task_keys(cfg) if k not in optima_lib.supported()]
+    if missing:
+      raise ValueError(f"config.sft.targets='optimal' needs optimal-solution enumeration, which "
+                       f"{missing} lack (config.tasks); supported: {optima_lib.supported()}")
 
 
 def task_keys(cfg) -> list[str]:
@@ -272,7 +284,8 @@ def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
   mesh = sharding.make_mesh(dict(cfg.mesh))
   check_config(cfg, obj, mesh)
   taskset = pipeline.TaskSet(task_keys(cfg), cfg.level, cfg.seed,
-                             pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level))
+                             pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level),
+                             collapse=pipeline.Collapse.from_config(cfg))
   reward_cfg = rewards_lib.RewardConfig(**dict(cfg.rl.reward))
   if dist.is_main():
     report.write_json(json.loads(cfg.to_json_best_effort()), os.path.join(workdir, "config.json"))
@@ -342,11 +355,21 @@ def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
 
 
 def sft_batch(run: Run, step: int) -> dict:
-  """Prompts with `solutions_per_instance` heuristic answers each (host arrays)."""
-  per = run.cfg.sft.solutions_per_instance
+  """Prompts with `solutions_per_instance` answers each (host arrays): heuristic solutions
+  (config.sft.targets "sampled", the default) or optimal ones drawn uniformly from the
+  instance's enumerated optima ("optimal"; config.collapse's limit and time limit)."""
+  cfg = run.cfg
+  per = cfg.sft.solutions_per_instance
+  optimal = cfg.sft.get("targets", "sampled") == "optimal"
+  c = run.taskset.collapse or pipeline.Collapse()
   prompts, answers = [], []
-  for key, q in run.taskset.train("sft", step, run.cfg.sft.batch_size // per):
-    sols = tasks_lib.get(key).sample_solutions(q, per, seed=step)
+  for key, q in run.taskset.train("sft", step, cfg.sft.batch_size // per):
+    task = tasks_lib.get(key)
+    sols = (task.sample_optimal_solutions(q, per, seed=step, limit=c.limit, time_limit=c.time_limit)
+            if optimal else task.sample_solutions(q, per, seed=step))
+    if not sols:
+      raise TrainingError(f"config.sft.targets='optimal': {key} instance at SFT step {step} has no "
+                          "solution to train on (config.collapse.min_optima=0 admits such instances)")
     sols = (sols * per)[:per]  # fewer distinct ones than asked: repeat
     ids = run.encoder.encode(key, q)
     for s in sols:
@@ -388,7 +411,7 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
         rl_sampler, state.params, items, run.encoder, key=state.rl_key(),
         group_size=cfg.rl.group_size, chunks=cfg.rl.rollout_chunks, reward_cfg=run.reward_cfg,
         objective=obj, prompt_len=run.prompt_len, completion_len=run.completion_len,
-        data_sh=run.data_sh, ref_fn=ref_fn)
+        data_sh=run.data_sh, ref_fn=ref_fn, collapse=run.taskset.collapse)
     batch = rollouts.batch(run.data_sh)
     batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch), run.data_sh))
     t2 = time.time()

@@ -52,6 +52,7 @@ class Rollouts:
   rewards: np.ndarray             # [P, G] after shaping
   lengths: np.ndarray             # [P, G] completion lengths (tokens)
   stats: dict                     # host scoring: ratio, feasible [P, G]; distinct, solution_entropy [P]
+                                  # (+ optimal [P, G] and pipeline.COLLAPSE_STATS [P] with collapse)
   sample_s: float                 # wall time of sampling not overlapped by host scoring
   score_s: float                  # host decoding, verifying and shaping
 
@@ -65,21 +66,28 @@ class Rollouts:
 
   def metrics(self) -> dict:
     """The step's logged rollout scalars."""
-    return {"reward_mean": float(self.rewards.mean()),
-            "qr_mean": float(np.mean(np.minimum(self.stats["ratio"], 10))),
-            "feasible": float(self.stats["feasible"].mean()),
-            "distinct": float(self.stats["distinct"].mean()),
-            "solution_entropy": float(self.stats["solution_entropy"].mean()),
-            "length": float(self.lengths.mean())}
+    out = {"reward_mean": float(self.rewards.mean()),
+           "qr_mean": float(np.mean(np.minimum(self.stats["ratio"], 10))),
+           "feasible": float(self.stats["feasible"].mean()),
+           "distinct": float(self.stats["distinct"].mean()),
+           "solution_entropy": float(self.stats["solution_entropy"].mean()),
+           "length": float(self.lengths.mean())}
+    for k in pipeline.COLLAPSE_STATS:  # with collapse: means over groups of supported tasks
+      if k in self.stats:
+        v = self.stats[k][~np.isnan(self.stats[k])]
+        out[k] = float(v.mean()) if v.size else float("nan")
+    return out
 
 
 def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *, key,
                      group_size: int, chunks: int, reward_cfg, objective, prompt_len: int,
-                     completion_len: int, data_sh, ref_fn: Callable | None = None) -> Rollouts:
+                     completion_len: int, data_sh, ref_fn: Callable | None = None,
+                     collapse: pipeline.Collapse | None = None) -> Rollouts:
   """Sample, score and shape G = group_size completions of each of `items`.
 
   sampler: `make_sampler`'s; ref_fn(seqs) -> reference log-probs [B, T] (None when the
-  objective reads no reference); objective: the ObjectiveConfig (its shaping fields).
+  objective reads no reference); objective: the ObjectiveConfig (its shaping fields);
+  collapse: also score each group's optima (`pipeline.collapse_stats`).
   """
   t0 = time.time()
   P, G = len(items), group_size
@@ -87,7 +95,7 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
                                                  prompt_len, encoder.pad)  # [P, prompt_len]
   tokens, mask, old_lp, ref_lp, rewards, stats, host_s = _sample_and_score(
       sampler, params, items, encoder, prompt_tokens, prompt_mask, key, G, chunks, reward_cfg,
-      ref_fn)
+      ref_fn, collapse)
   pt, pm = np.repeat(prompt_tokens, G, 0), np.repeat(prompt_mask, G, 0)  # each sample's prompt
   seqs = {"tokens": jnp.concatenate([dist.to_global(pt, data_sh), tokens], 1).reshape(
               P, G, prompt_len + completion_len),
@@ -107,7 +115,7 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
 
 
 def _sample_and_score(sampler, params, items, encoder, prompt_tokens, prompt_mask, key, G,
-                      chunks, reward_cfg, ref_fn):
+                      chunks, reward_cfg, ref_fn, collapse=None):
   """The overlapped loop: device tokens [P*G, T], host mask, device old log-probs, device
   reference log-probs (or None), rewards [P, G], stats, host seconds."""
   per = len(items) // chunks
@@ -129,7 +137,7 @@ def _sample_and_score(sampler, params, items, encoder, prompt_tokens, prompt_mas
     tok_h, mask_h = dist.to_host(tokens), dist.to_host(mask)
     h0 = time.time()
     texts = encoder.texts(tok_h, mask_h)
-    r, st = pipeline.score_groups(piece(items, c), texts, G, reward_cfg)
+    r, st = pipeline.score_groups(piece(items, c), texts, G, reward_cfg, collapse=collapse)
     host_s += time.time() - h0
     outs.append((tokens, mask_h, logp, ref, r, st))
   cat = lambda i: jnp.concatenate([o[i] for o in outs])

@@ -1,0 +1,105 @@
+"""The trainer's collapse hooks: optimal SFT targets, the instance filter, per-step collapse metrics."""
+
+import types
+
+import numpy as np
+import pytest
+from ml_collections import config_dict
+
+from dmpo_jax import pipeline, train
+from dmpo_jax import tasks as tasks_lib
+from dmpo_jax.models import tokenizer as tok_lib
+from dmpo_jax.tasks import rewards as rewards_lib
+
+LP, LT = 160, 32
+COLLAPSE = pipeline.Collapse(limit=16, time_limit=2.0, min_optima=2, max_optima=8)
+
+
+@pytest.fixture(scope="module")
+def encoder():
+  return pipeline.PromptEncoder(tok_lib.build(), "compact", LP)
+
+
+def n_optima(key, q):
+  return len(tasks_lib.get(key).optimal_solutions(q, limit=16, time_limit=2.0).solutions)
+
+
+def test_filter_keeps_instances_within_the_optima_range():
+  keys = ["maximum-set", "subset-sum", "meeting-schedule"]  # the last: no enumeration, no filter
+  plain = pipeline.TaskSet(keys, "tiny", 0)
+  kept = pipeline.TaskSet(keys, "tiny", 0, collapse=COLLAPSE)
+  rows = kept.train("rl", 3, 6)
+  assert rows == kept.train("rl", 3, 6)  # deterministic
+  for key, q in rows + kept.held_out(3):
+    if key != "meeting-schedule":
+      assert 2 <= n_optima(key, q) <= 8, key
+  assert kept.held_out(2)[-2:] == plain.held_out(2)[-2:]
+  # without the filter nothing changes; the plain stream has instances the filter rejects
+  assert plain.held_out(2) == [(k, tasks_lib.get(k).generate(pipeline.EVAL_SEED0 + j, "tiny"))
+                               for k in keys for j in range(2)]
+  plain_rows = plain.train("rl", 3, 6) + plain.train("rl", 4, 6)
+  assert any(not 2 <= n_optima(k, q) <= 8 for k, q in plain_rows if k != "meeting-schedule")
+  # a range no instance meets (knapsack: one optimum at tiny) names the config field
+  with pytest.raises(ValueError, match="config.collapse"):
+    pipeline.TaskSet(["knapsack"], "tiny", 0, collapse=pipeline.Collapse(16, 2.0, 5, 8)).train("rl", 0, 1)
+
+
+def test_collapse_config_switches_on_only_with_the_block():
+  c = config_dict.ConfigDict({"seed": 0})
+  assert pipeline.Collapse.from_config(c) is None
+  c.collapse = config_dict.ConfigDict(dict(limit=16, time_limit=2.0, min_optima=2, max_optima=8))
+  assert pipeline.Collapse.from_config(c) == COLLAPSE
+  c.collapse.enabled = False
+  assert pipeline.Collapse.from_config(c) is None
+
+
+def sft_run(encoder, targets, collapse=COLLAPSE):
+  cfg = config_dict.ConfigDict(dict(sft=dict(solutions_per_instance=4, batch_size=8, targets=targets)))
+  taskset = pipeline.TaskSet(["maximum-set", "GCP-D"], "tiny", 0, collapse=collapse)
+  return types.SimpleNamespace(cfg=cfg, taskset=taskset, encoder=encoder, prompt_len=LP,
+                               completion_len=LT)
+
+
+def answers(encoder, batch):
+  return encoder.texts(batch["seqs"]["tokens"][:, LP:], batch["mask"])
+
+
+def test_sft_targets_optimal_are_distinct_optima(encoder):
+  run = sft_run(encoder, "optimal")
+  items = run.taskset.train("sft", 5, 2)
+  texts = answers(encoder, train.sft_batch(run, 5))
+  for i, (key, q) in enumerate(items):
+    task = tasks_lib.get(key)
+    opt = task.optimal_solutions(q, limit=16, time_limit=2.0)
+    group = [task.verify(q, t) for t in texts[4 * i:4 * i + 4]]
+    assert all(v.feasible and v.solution in opt.solutions for v in group), key
+    assert len({v.solution for v in group}) == min(4, len(opt.solutions))  # uniform without repeats
+  # "sampled" (the default) is the heuristic sampler, as before
+  run = sft_run(encoder, "sampled")
+  key, q = run.taskset.train("sft", 5, 2)[0]
+  want = [encoder.tok.decode(encoder.answer_ids(key, s)[:-1]) for s in
+          (tasks_lib.get(key).sample_solutions(q, 4, seed=5) * 4)[:4]]
+  got = answers(encoder, train.sft_batch(run, 5))[:4]
+  assert [g.removeprefix("Answer: ").strip() for g in got] == [w.strip() for w in want]
+
+
+def test_score_groups_logs_distinct_optima_and_coverage():
+  key = "maximum-set"
+  task = tasks_lib.get(key)
+  q = next(q for s in range(100) if COLLAPSE.accepts(key, q := task.generate(s, "tiny")))
+  opt = task.optimal_solutions(q, limit=16, time_limit=2.0)
+  a, b = (task.format_solution(s) for s in opt.solutions[:2])
+  texts = ["Answer: " + t for t in (a, a, b, "[]")] + ["Answer: " + a] * 4
+  cfg = rewards_lib.RewardConfig()
+  _, plain = pipeline.score_groups([(key, q)] * 2, texts, 4, cfg)
+  assert "coverage" not in plain
+  _, st = pipeline.score_groups([(key, q)] * 2, texts, 4, cfg, collapse=COLLAPSE)
+  n = len(opt.solutions)
+  np.testing.assert_allclose(st["distinct_optimal"], [2, 1])
+  np.testing.assert_allclose(st["coverage"], [2 / n, 1 / n])
+  np.testing.assert_allclose(st["optimal_rate"], [0.75, 1.0])
+  assert st["optimal"].tolist() == [[True, True, True, False], [True] * 4]
+  # npbench rules for the reward: the collapse metrics still read strict verdicts
+  _, st2 = pipeline.score_groups([(key, q)] * 2, texts, 4, rewards_lib.RewardConfig(compat="npbench"),
+                                 collapse=COLLAPSE)
+  np.testing.assert_allclose(st2["coverage"], st["coverage"])
