@@ -130,20 +130,51 @@ def accumulate(value_and_grad, params, batch, micro_batches: int):
 
 def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: int,
                  temperature: float, *, shardings=None, chunk: int | None = None,
-                 micro_batches: int = 1):
-  """(params, opt_state, batch) -> (params, opt_state, metrics)."""
+                 micro_batches: int = 1, term_grads: bool = False):
+  """(params, opt_state, batch) -> (params, opt_state, metrics).
+
+  term_grads: also log the global norms of the gradients of the policy-gradient term
+  ("pg_grad_norm", of metrics["pg_loss"]) and of the regulariser as weighted in the loss
+  ("reg_grad_norm", of `build_loss`'s "reg_loss": kl_coef x KL + dm_coef x DM + div_coef x
+  divergence), and "grad_ratio" = reg_grad_norm / pg_grad_norm (NaN when the policy-gradient
+  gradient is 0, e.g. policy_loss="none"). Cost: one forward and three backward passes
+  (`term_gradients`) instead of one of each, and two more gradient-sized buffers (summed over
+  micro-batches, so the norms are those of the whole batch's gradients)."""
   logprob_fn = make_logprob_fn(graphdef, prompt_len, temperature=temperature, chunk=chunk)
-  loss_fn = presets.build_loss(obj_cfg, logprob_fn)
-  vg = jax.value_and_grad(loss_fn, has_aux=True)
+  loss_fn = presets.build_loss(obj_cfg, logprob_fn, reg_loss=term_grads)
+  vg = term_gradients(loss_fn) if term_grads else jax.value_and_grad(loss_fn, has_aux=True)
 
   def step(params, opt_state, batch):
     TRACES["rl_update"] += 1
     (loss, metrics), grads = accumulate(vg, params, batch, micro_batches)
+    if term_grads:
+      grads, g_pg, g_reg = grads
+      pg, reg = optax.tree.norm(g_pg), optax.tree.norm(g_reg)
+      metrics = dict(metrics, pg_grad_norm=pg, reg_grad_norm=reg,
+                     grad_ratio=jnp.where(pg > 0, reg / jnp.where(pg > 0, pg, 1.0), jnp.nan))
     params, opt_state, skipped, gnorm = _guarded_update(opt, loss, grads, params, opt_state)
     metrics = dict(metrics, skipped=skipped, grad_norm=gnorm)
     return params, opt_state, metrics
 
   return _jit(step, shardings)
+
+
+def term_gradients(loss_fn):
+  """loss_fn(params, batch) -> (loss, metrics with "pg_loss" and "reg_loss") as
+  (params, batch) -> ((loss, metrics), (grads, pg grads, reg grads)): one forward pass
+  (jax.vjp keeps its residuals) and three backward passes, one per cotangent."""
+
+  def vg(params, batch):
+    def terms(p):
+      loss, metrics = loss_fn(p, batch)
+      return (loss, metrics["pg_loss"], metrics["reg_loss"]), metrics
+
+    (loss, _, _), back, metrics = jax.vjp(terms, params, has_aux=True)
+    one, zero = jnp.ones_like(loss), jnp.zeros_like(loss)
+    grads = tuple(back(c)[0] for c in ((one, zero, zero), (zero, one, zero), (zero, zero, one)))
+    return (loss, metrics), grads
+
+  return vg
 
 
 def make_sft_step(graphdef, opt, prompt_len: int, *, shardings=None):

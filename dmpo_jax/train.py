@@ -397,7 +397,8 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     return state, False
   rl_update = steps.make_rl_step(run.graphdef, obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
                                  shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep),
-                                 micro_batches=micro_batches(cfg, obj, run.mesh))
+                                 micro_batches=micro_batches(cfg, obj, run.mesh),
+                                 term_grads=bool(cfg.rl.get("log_term_grads", False)))
   if presets.needs_reference(obj):
     state = dataclasses.replace(state, reference=reference_policy(run.ckpt, state, cfg.sft.steps))
   reference = state.reference

@@ -103,3 +103,56 @@ def test_score_groups_logs_distinct_optima_and_coverage():
   _, st2 = pipeline.score_groups([(key, q)] * 2, texts, 4, rewards_lib.RewardConfig(compat="npbench"),
                                  collapse=COLLAPSE)
   np.testing.assert_allclose(st2["coverage"], st["coverage"])
+
+
+def tiny_rl_batch(P=4, G=4, lp=6, lt=5):
+  rng = np.random.default_rng(0)
+  return {"seqs": {"tokens": rng.integers(3, 100, (P, G, lp + lt)).astype(np.int32),
+                   "prompt_mask": np.ones((P, G, lp), np.int32)},
+          "mask": (rng.random((P, G, lt)) < 0.7).astype(np.int32),
+          "old_logprobs": rng.normal(-4, 0.3, (P, G, lt)).astype(np.float32),
+          "rewards": rng.random((P, G)).astype(np.float32)}
+
+
+@pytest.mark.slow
+def test_term_gradient_norms_are_those_of_each_term():
+  """pg_grad_norm / reg_grad_norm equal the norms of separate jax.grad's of the policy-gradient
+  term and of dm_coef x DM (also summed over micro-batches); the update itself is unchanged."""
+  import jax
+  import optax
+  from flax import nnx
+  from configs import nphard
+  from dmpo_jax import steps
+  from dmpo_jax.objectives import presets
+  cfg = nphard.get_config("smoke")
+  cfg.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
+                   head_dim=16)
+  model, _ = train.build_model(cfg)
+  graphdef, state = nnx.split(model)
+  batch = tiny_rl_batch()
+  obj = presets.objective_config("dmpo", dm_coef=2.0, dm_alpha=1 / 15)
+  loss_fn = presets.build_loss(obj, steps.make_logprob_fn(graphdef, 6))
+  params = {"model": state}
+  norm = lambda f: float(optax.tree.norm(jax.grad(lambda p: f(loss_fn(p, batch)[1]))(params)))
+  want_pg, want_reg = norm(lambda m: m["pg_loss"]), norm(lambda m: 2.0 * m["dm_loss"])
+  assert want_reg > 0 and want_pg > 0
+  outs = {}
+  for mb, tg in ((1, False), (1, True), (4, True)):
+    opt = optax.sgd(0.1)
+    p0 = {"model": jax.tree.map(jax.numpy.copy, state)}
+    step = steps.make_rl_step(graphdef, obj, opt, 6, 1.0, micro_batches=mb, term_grads=tg)
+    outs[mb, tg] = step(p0, opt.init(p0), batch)
+  for mb in (1, 4):
+    m = outs[mb, True][2]
+    np.testing.assert_allclose(float(m["pg_grad_norm"]), want_pg, rtol=1e-4)
+    np.testing.assert_allclose(float(m["reg_grad_norm"]), want_reg, rtol=1e-4)
+    np.testing.assert_allclose(float(m["grad_ratio"]), want_reg / want_pg, rtol=1e-4)
+  assert "pg_grad_norm" not in outs[1, False][2]
+  for a, b in zip(jax.tree.leaves(outs[1, False][0]), jax.tree.leaves(outs[1, True][0])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+  # GRPO has no regulariser: its gradient norm is 0
+  opt = optax.sgd(0.1)
+  p0 = {"model": jax.tree.map(jax.numpy.copy, state)}
+  m = steps.make_rl_step(graphdef, presets.objective_config("grpo"), opt, 6, 1.0, term_grads=True)(
+      p0, opt.init(p0), batch)[2]
+  assert float(m["reg_grad_norm"]) == 0.0 and float(m["grad_ratio"]) == 0.0

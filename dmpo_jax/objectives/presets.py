@@ -151,8 +151,12 @@ def kl_penalised_rewards(cfg: ObjectiveConfig, rewards, old_logprobs, ref_logpro
   return shaping.kl_in_reward(rewards, old_logprobs, ref_logprobs, mask, cfg.kl_coef)
 
 
-def build_loss(cfg: ObjectiveConfig, logprob_fn: Callable) -> Callable:
-  """cfg -> loss_fn(params, batch) -> (loss, metrics). See the module docstring."""
+def build_loss(cfg: ObjectiveConfig, logprob_fn: Callable, *, reg_loss: bool = False) -> Callable:
+  """cfg -> loss_fn(params, batch) -> (loss, metrics). See the module docstring.
+
+  reg_loss: also return metrics["reg_loss"], the regulariser as it enters the loss (the sum
+  of kl_coef x KL, dm_coef x DM and div_coef x divergence; 0 when there is none), so that
+  its gradient can be taken apart from the policy-gradient term's ("pg_loss")."""
   div = cfg.make_divergence() if cfg.divergence is not None else None
   policy = terms.POLICY_LOSSES.get(cfg.policy_loss)
   reference = needs_reference(cfg)
@@ -170,6 +174,7 @@ def build_loss(cfg: ObjectiveConfig, logprob_fn: Callable) -> Callable:
     adv = jax.lax.stop_gradient(advantages(cfg, rewards))
     scores = common.sequence_scores(logp, mask)  # phi, reused by DMPO and GSPO-like terms
     metrics = {}
+    reg = jnp.zeros((), jnp.float32)
 
     if policy.log_z and "log_z" not in out:
       raise ValueError(f"policy_loss={cfg.policy_loss!r} needs logprob_fn to return 'log_z'")
@@ -184,24 +189,29 @@ def build_loss(cfg: ObjectiveConfig, logprob_fn: Callable) -> Callable:
       if cfg.kl_coef > 0 and not cfg.kl_in_reward:
         kl_term = common.masked_mean(kl.get(cfg.kl_estimator)(logp, ref), mask)
         loss = loss + cfg.kl_coef * kl_term
+        reg = reg + cfg.kl_coef * kl_term
 
     dm = dmpo.dm_loss(scores, rewards, cfg.dm_alpha)
     metrics["dm_loss"] = dm
     metrics.update(dmpo.dm_metrics(scores, rewards, cfg.dm_alpha))
     if cfg.dm_coef > 0:
       loss = loss + cfg.dm_coef * dm
+      reg = reg + cfg.dm_coef * dm
 
     if div is not None and "dph_seqs" in batch:
       dph_logp = logprob_fn(params, batch["dph_seqs"])["logprobs"]
       d = div.sample_loss(dph_logp, batch["dph_ref_logprobs"], batch["dph_mask"])
       metrics["divergence"] = d
       loss = loss + cfg.div_coef * d
+      reg = reg + cfg.div_coef * d
 
     if "entropy" in out:
       metrics["entropy"] = common.masked_mean(out["entropy"], mask)
     metrics["reward_mean"] = jnp.mean(rewards)
     metrics["adv_abs_mean"] = jnp.mean(jnp.abs(adv))
     metrics["loss"] = loss
+    if reg_loss:
+      metrics["reg_loss"] = reg
     return loss, metrics
 
   return loss_fn
