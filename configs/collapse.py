@@ -1,4 +1,4 @@
-"""DRAFT: the mode-collapse testbed (docs/COLLAPSE.md). Instances with several optimal
+"""The mode-collapse testbed (docs/COLLAPSE.md). Instances with several optimal
 solutions, an SFT start that is competent and diverse, then RL at group size 8 or 16.
 
     python -m dmpo_jax.train --config=configs/collapse.py --workdir=runs/collapse
@@ -10,9 +10,11 @@ Arguments after the colon (comma-separated): `algo=<preset>`, `level=<level>`,
 `seed=<int>`, `tasks=<key+key+...>`, `group=<8|16>`, and `smoke`. Everything
 else is configs/nphard.py's default run.
 
-Not yet wired (the trainer ignores these fields until it reads them; see
-docs/COLLAPSE.md, "Hooks"): `sft.targets`, `collapse.*`. Until then this config
-trains like configs/nphard.py on the chosen tasks, group sizes and eval sizes.
+What the trainer reads beyond configs/nphard.py: `sft.targets` (SFT on optimal
+solutions), `collapse.*` (instance filter by number of optima; collapse metrics
+per RL step and in evaluation), `rl.log_term_grads` (gradient norms of the
+policy-gradient term and of the regulariser, per RL step).
+Not read yet: `collapse.keep_k`, `collapse.correct` (keep / exploration on optimal answers).
 """
 
 import os
@@ -51,6 +53,8 @@ def get_config(arg: str | None = None):
   # SFT targets: "optimal" = drawn uniformly from the enumerated optimal set
   # (Task.sample_optimal_solutions); "sampled" = Task.sample_solutions (varied quality).
   c.sft.targets = "optimal"
+  # pg_grad_norm, reg_grad_norm, grad_ratio per RL step (one forward, three backward passes).
+  c.rl.log_term_grads = True
   c.collapse = config_dict.ConfigDict(dict(
       limit=64,             # distinct optima enumerated per instance (Task.optimal_solutions)
       time_limit=10.0,      # seconds per enumeration

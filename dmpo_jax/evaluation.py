@@ -15,7 +15,7 @@ import numpy as np
 from dmpo_jax import distributed as dist
 from dmpo_jax import pipeline
 from dmpo_jax import tasks as tasks_lib
-from dmpo_jax.tasks import scoring
+from dmpo_jax.tasks import diversity, optima, scoring
 
 SUCCESS = ("feasible", "positive_ratio")
 TABLE_METRICS = ("SR@3", "QR@3", "SR_mean", "QR_mean", "distinct", "length")
@@ -24,12 +24,14 @@ TABLE_METRICS = ("SR@3", "QR@3", "SR_mean", "QR_mean", "distinct", "length")
 def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int, k: int = 3,
              pass_ks=(1, 3), rng, batch_prompts: int, prompt_len: int, reward_cfg,
              ground_truths: list[float] | None = None, progress: bool = False,
-             success: str = "feasible") -> dict:
+             success: str = "feasible", collapse: pipeline.Collapse | None = None) -> dict:
   """Score ``items`` ([(task key, question)]); returns per-task, category and overall means.
 
   success: what makes a sample count toward SR: "feasible" (ours), or "positive_ratio"
   (NP-Bench's evaluation: feasible with a quality ratio above 0, so a feasible answer of
-  value 0 on a maximisation task is a failure)."""
+  value 0 on a maximisation task is a failure).
+  collapse: also the collapse metrics of each problem's samples against its enumerated
+  optima (strict verdicts; `collapse_scores`); NaN for tasks without enumeration."""
   if success not in SUCCESS:
     raise ValueError(f"success={success!r}; choose one of {SUCCESS}")
   problems = []
@@ -47,7 +49,8 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
     tokens, mask = dist.to_host(tokens), dist.to_host(mask)
     texts = encoder.texts(tokens, mask)
     gts = ground_truths[c0:c0 + real] if ground_truths is not None else None
-    _, stats = pipeline.score_groups(chunk, texts[:real * samples], samples, reward_cfg, gts)
+    _, stats = pipeline.score_groups(chunk, texts[:real * samples], samples, reward_cfg, gts,
+                                     collapse=collapse)
     lengths = mask.sum(-1).reshape(batch_prompts, samples)[:real]
     for i, (key, _) in enumerate(chunk):
       ok = stats["feasible"][i] & (stats["ratio"][i] > 0 if success == "positive_ratio" else True)
@@ -56,8 +59,25 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
       s["distinct"] = float(stats["distinct"][i])
       s["solution_entropy"] = float(stats["solution_entropy"][i])
       s["length"] = float(lengths[i].mean())
+      if collapse is not None:
+        s.update(collapse_scores(stats, i, key, pass_ks))
       problems.append((key, s))
   return summarize(problems, k)
+
+
+def collapse_scores(stats: dict, i: int, key: str, pass_ks) -> dict:
+  """Problem i's collapse metrics: optimal_rate, distinct_optimal, coverage, entropy_optimal
+  (pipeline.COLLAPSE_STATS) and unbiased pass@k with correct = optimal (`pass_optimal@k`) and
+  = feasible (`pass_feasible@k`, by the reward's verification rules, whatever SR counts),
+  k in pass_ks."""
+  out = {k: float(stats[k][i]) for k in pipeline.COLLAPSE_STATS}
+  ks = tuple(k for k in pass_ks if k <= stats["feasible"].shape[1])
+  supported = key in optima.supported()
+  opt = diversity.pass_at_k_curve(stats["optimal"][i][None], ks) if supported else [np.nan] * len(ks)
+  feas = diversity.pass_at_k_curve(stats["feasible"][i][None], ks)
+  for k, o, f in zip(ks, opt, feas):
+    out[f"pass_optimal@{k}"], out[f"pass_feasible@{k}"] = float(o), float(f)
+  return out
 
 
 def summarize(problems, k: int = 3) -> dict:

@@ -262,7 +262,8 @@ class Run:
         lambda pt, pm, rng: sampler(state.params, pt, pm, rng)[:2], self.encoder, items,
         samples=cfg.eval.samples, k=cfg.eval.k, pass_ks=tuple(cfg.eval.pass_ks),
         rng=state.eval_key(), batch_prompts=cfg.eval.batch_prompts, prompt_len=self.prompt_len,
-        reward_cfg=self.reward_cfg, ground_truths=ground_truths, progress=cfg.log.progress)
+        reward_cfg=self.reward_cfg, ground_truths=ground_truths, progress=cfg.log.progress,
+        collapse=self.taskset.collapse)
     if dist.is_main():
       report.write_json(res, path)
     return res

@@ -156,3 +156,35 @@ def test_term_gradient_norms_are_those_of_each_term():
   m = steps.make_rl_step(graphdef, presets.objective_config("grpo"), opt, 6, 1.0, term_grads=True)(
       p0, opt.init(p0), batch)[2]
   assert float(m["reg_grad_norm"]) == 0.0 and float(m["grad_ratio"]) == 0.0
+
+
+def test_evaluation_reports_optima_and_pass_at_k_both_ways(encoder):
+  """Two maximum-set problems, 4 samples each: problem 0 answers optimum a, a, b and an
+  infeasible text; problem 1 answers a feasible non-optimal set 4 times."""
+  import jax
+  from dmpo_jax import evaluation
+  from dmpo_jax.tasks import scoring
+  key = "maximum-set"
+  task = tasks_lib.get(key)
+  qs = [q for s in range(200) if COLLAPSE.accepts(key, q := task.generate(s, "tiny"))][:2]
+  opts = [task.optimal_solutions(q, limit=16, time_limit=2.0) for q in qs]
+  a, b = (task.format_solution(s) for s in opts[0].solutions[:2])
+  small = task.format_solution(opts[1].solutions[0][:1])  # one vertex: feasible, not optimal
+  texts = [a, a, b, "[0, 0, 0]", small, small, small, small]
+  ids = [encoder.tok.encode(" " + t, add_special_tokens=False) + [encoder.eos] for t in texts]
+  tokens, mask = pipeline.pad_right(ids, LT, encoder.pad)
+  res = evaluation.evaluate(lambda pt, pm, rng: (tokens, mask), encoder, [(key, q) for q in qs],
+                            samples=4, k=3, pass_ks=(1, 2, 4), rng=jax.random.key(0), batch_prompts=2,
+                            prompt_len=LP, reward_cfg=rewards_lib.RewardConfig(), collapse=COLLAPSE)
+  r = res["per_task"][key]
+  assert r["distinct_optimal"] == (2 + 0) / 2
+  assert r["coverage"] == pytest.approx((2 / len(opts[0].solutions) + 0) / 2)
+  assert r["optimal_rate"] == pytest.approx((0.75 + 0) / 2)
+  for k in (1, 2, 4):  # problem 0: 3 of 4 optimal and feasible; problem 1: 0 optimal, 4 feasible
+    assert r[f"pass_optimal@{k}"] == pytest.approx(scoring.pass_at_k(4, 3, k) / 2)
+    assert r[f"pass_feasible@{k}"] == pytest.approx((scoring.pass_at_k(4, 3, k) + 1) / 2)
+  assert res["overall"]["pass_optimal@4"] == r["pass_optimal@4"]
+  plain = evaluation.evaluate(lambda pt, pm, rng: (tokens, mask), encoder, [(key, q) for q in qs],
+                              samples=4, k=3, pass_ks=(1, 2, 4), rng=jax.random.key(0),
+                              batch_prompts=2, prompt_len=LP, reward_cfg=rewards_lib.RewardConfig())
+  assert "coverage" not in plain["overall"] and plain["overall"]["pass@4"] == r["pass@4"]
