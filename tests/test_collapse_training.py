@@ -188,3 +188,17 @@ def test_evaluation_reports_optima_and_pass_at_k_both_ways(encoder):
                               samples=4, k=3, pass_ks=(1, 2, 4), rng=jax.random.key(0),
                               batch_prompts=2, prompt_len=LP, reward_cfg=rewards_lib.RewardConfig())
   assert "coverage" not in plain["overall"] and plain["overall"]["pass@4"] == r["pass@4"]
+
+
+def test_rollout_metrics_average_collapse_stats_over_supported_groups():
+  from dmpo_jax.training import Rollouts
+  stats = {"ratio": np.ones((3, 2)), "feasible": np.ones((3, 2), bool), "distinct": np.ones(3),
+           "solution_entropy": np.zeros(3)}
+  r = Rollouts(items=[], seqs={}, completion_mask=None, old_logprobs=None, ref_logprobs=None,
+               rewards=np.ones((3, 2)), lengths=np.ones((3, 2)), stats=dict(stats), sample_s=0, score_s=0)
+  assert not set(pipeline.COLLAPSE_STATS) & set(r.metrics())
+  r.stats.update(coverage=np.asarray([0.5, np.nan, 0.25]), distinct_optimal=np.asarray([2.0, np.nan, 1.0]),
+                 optimal_rate=np.asarray([1.0, np.nan, 0.5]), entropy_optimal=np.full(3, np.nan))
+  m = r.metrics()
+  assert m["coverage"] == 0.375 and m["distinct_optimal"] == 1.5 and m["optimal_rate"] == 0.75
+  assert np.isnan(m["entropy_optimal"])  # no group of a task with enumeration
