@@ -14,7 +14,6 @@ What the trainer reads beyond configs/nphard.py: `sft.targets` (SFT on optimal
 solutions), `collapse.*` (instance filter by number of optima; collapse metrics
 per RL step and in evaluation), `rl.log_term_grads` (gradient norms of the
 policy-gradient term and of the regulariser, per RL step).
-Not read yet: `collapse.keep_k`, `collapse.correct` (keep / exploration on optimal answers).
 """
 
 import os

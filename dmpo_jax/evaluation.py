@@ -34,7 +34,7 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
   optima (strict verdicts; `collapse_scores`); NaN for tasks without enumeration."""
   if success not in SUCCESS:
     raise ValueError(f"success={success!r}; choose one of {SUCCESS}")
-  problems = []
+  problems, correct = [], []
   chunks = range(0, len(items), batch_prompts)
   if progress:
     from tqdm import tqdm
@@ -61,15 +61,21 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
       s["length"] = float(lengths[i].mean())
       if collapse is not None:
         s.update(collapse_scores(stats, i, key, pass_ks))
+        correct.append((key, stats["feasible"][i].tolist(), stats["optimal"][i].tolist()))
       problems.append((key, s))
-  return summarize(problems, k)
+  out = summarize(problems, k)
+  if collapse is not None:  # per task, per problem, per sample: keep / exploration after RL
+    out["correct"] = {name: {t: [c[j] for c in correct if c[0] == t] for t in out["per_task"]}
+                      for j, name in ((1, "feasible"), (2, "optimal"))}
+  return out
 
 
 def collapse_scores(stats: dict, i: int, key: str, pass_ks) -> dict:
   """Problem i's collapse metrics: optimal_rate, distinct_optimal, coverage, entropy_optimal
   (pipeline.COLLAPSE_STATS) and unbiased pass@k with correct = optimal (`pass_optimal@k`) and
   = feasible (`pass_feasible@k`, by the reward's verification rules, whatever SR counts),
-  k in pass_ks."""
+  and `best_qr@k`, the unbiased expected best quality ratio of k samples
+  (`diversity.max_at_k`), k in pass_ks."""
   out = {k: float(stats[k][i]) for k in pipeline.COLLAPSE_STATS}
   ks = tuple(k for k in pass_ks if k <= stats["feasible"].shape[1])
   supported = key in optima.supported()
@@ -77,6 +83,7 @@ def collapse_scores(stats: dict, i: int, key: str, pass_ks) -> dict:
   feas = diversity.pass_at_k_curve(stats["feasible"][i][None], ks)
   for k, o, f in zip(ks, opt, feas):
     out[f"pass_optimal@{k}"], out[f"pass_feasible@{k}"] = float(o), float(f)
+    out[f"best_qr@{k}"] = diversity.max_at_k(stats["ratio"][i], k)
   return out
 
 

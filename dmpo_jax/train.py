@@ -42,6 +42,7 @@ from dmpo_jax.models import hf, tokenizer as tok_lib
 from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.objectives import flowrl, presets, terms
 from dmpo_jax.sampling import sampler as sampler_lib
+from dmpo_jax.tasks import diversity
 from dmpo_jax.tasks import optima as optima_lib
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.training import dph
@@ -467,10 +468,11 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
   after = run.timed("eval", run.evaluate, "after", state)
   keep = {k: tasks_lib.scoring.keep_and_exploration(before["solved"][k], after["solved"][k])
           for k in after["solved"]}
+  keep_collapse = collapse_keep_exploration(cfg, before, after)
   table = evaluation.format_table(after, before)
   results = {"before": {k: before[k] for k in ("per_task", "categories", "overall")},
              "after": {k: after[k] for k in ("per_task", "categories", "overall")},
-             "keep_exploration": keep, "times_s": run.times,
+             "keep_exploration": keep, **keep_collapse, "times_s": run.times,
              "steps": {"sft": cfg.sft.steps, "rl": cfg.rl.steps}, "algo": cfg.rl.algo,
              "seed": cfg.seed, "nonfinite_steps": state.counters["nonfinite_total"],
              "wall_s": time.time() - t_start}
@@ -491,6 +493,19 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
   print("time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in run.times.items()) +
         f"; outputs in {run.workdir}")
   return results
+
+
+def collapse_keep_exploration(cfg, before: dict, after: dict) -> dict:
+  """With the collapse config: {"keep_exploration_collapse": {correct: {task: rates}}}, DPH-RL's
+  keep / exploration split by the before-RL policy's pass@collapse.keep_k, for each notion of
+  correct in collapse.correct ("feasible", "optimal"); {} otherwise or with too few samples."""
+  keep_k = int(cfg.collapse.get("keep_k", 8)) if "collapse" in cfg else 0
+  if not ("correct" in after and "correct" in before) or cfg.eval.samples < keep_k:
+    return {}
+  names = [n for n in cfg.collapse.get("correct", ("feasible", "optimal")) if n in after["correct"]]
+  return {"keep_exploration_collapse": {
+      n: {t: diversity.keep_and_exploration(before["correct"][n][t], after["correct"][n][t], k=keep_k)
+          for t in after["correct"][n]} for n in names}}
 
 
 def main(argv):

@@ -184,6 +184,10 @@ def test_evaluation_reports_optima_and_pass_at_k_both_ways(encoder):
     assert r[f"pass_optimal@{k}"] == pytest.approx(scoring.pass_at_k(4, 3, k) / 2)
     assert r[f"pass_feasible@{k}"] == pytest.approx((scoring.pass_at_k(4, 3, k) + 1) / 2)
   assert res["overall"]["pass_optimal@4"] == r["pass_optimal@4"]
+  assert res["correct"]["optimal"][key] == [[True, True, True, False], [False] * 4]
+  assert res["correct"]["feasible"][key] == [[True, True, True, False], [True] * 4]
+  assert r["best_qr@1"] == pytest.approx(r["QR_mean"])  # one sample: its expected ratio
+  assert r["best_qr@4"] == pytest.approx(r["QR@3"])  # all samples: the best (the 4th is infeasible)
   plain = evaluation.evaluate(lambda pt, pm, rng: (tokens, mask), encoder, [(key, q) for q in qs],
                               samples=4, k=3, pass_ks=(1, 2, 4), rng=jax.random.key(0),
                               batch_prompts=2, prompt_len=LP, reward_cfg=rewards_lib.RewardConfig())
@@ -202,3 +206,13 @@ def test_rollout_metrics_average_collapse_stats_over_supported_groups():
   m = r.metrics()
   assert m["coverage"] == 0.375 and m["distinct_optimal"] == 1.5 and m["optimal_rate"] == 0.75
   assert np.isnan(m["entropy_optimal"])  # no group of a task with enumeration
+
+
+def test_keep_and_exploration_after_rl_both_ways():
+  cfg = config_dict.ConfigDict(dict(collapse=dict(keep_k=2, correct=("optimal",)), eval=dict(samples=2)))
+  before = {"correct": {"optimal": {"t": [[True, True], [False, False]]}, "feasible": {"t": [[True] * 2] * 2}}}
+  after = {"correct": {"optimal": {"t": [[False, False], [True, False]]}, "feasible": {"t": [[True] * 2] * 2}}}
+  out = train.collapse_keep_exploration(cfg, before, after)["keep_exploration_collapse"]
+  assert list(out) == ["optimal"]
+  assert out["optimal"]["t"]["keep_rate"] == 0.0 and out["optimal"]["t"]["exploration_rate"] == 1.0
+  assert train.collapse_keep_exploration(config_dict.ConfigDict(dict(eval=dict(samples=2))), {}, {}) == {}
