@@ -63,7 +63,8 @@ BASELINE = "grpo"  # paired differences in the report are against this label
 # evaluation, rewards, curriculum, mesh) shapes the SFT policy or its evaluation.
 SHARE_SAFE = ("rl.algo", "rl.objective.", "rl.steps", "rl.prompts_per_step", "rl.group_size", "rl.lr",
               "rl.temperature", "rl.top_p", "rl.max_grad_norm", "rl.rollout_chunks",
-              "rl.micro_batches", "rl.nonfinite_patience", "rl.check_recompile", "dph.",
+              "rl.micro_batches", "rl.nonfinite_patience", "rl.check_recompile", "rl.log_term_grads",
+              "dph.",
               "stop_at_step", "log.", "checkpoint.")
 SFT_DIR = "_sft"
 CACHE_DIR = "_jax_cache"
