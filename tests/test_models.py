@@ -33,6 +33,7 @@ def _our_logits(model, tokens, mask, positions):
                           mask=jnp.asarray(attn)))
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 @pytest.mark.parametrize("arch,tie", [("qwen2", False), ("llama", True), ("llama", False)])
 def test_parity_with_transformers_on_padded_batch(tmp_path, arch, tie):
   import torch
@@ -56,6 +57,7 @@ def test_parity_with_transformers_on_padded_batch(tmp_path, arch, tie):
                              atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_padding_does_not_change_results():
   model = tiny_model(scale=5.0)
   ids = np.random.RandomState(0).randint(3, 61, (1, 9))
@@ -66,6 +68,7 @@ def test_padding_does_not_change_results():
   np.testing.assert_allclose(padded, alone, atol=1e-5)
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_cache_equals_no_cache_and_prefill_plus_decode_equals_full_forward():
   model = tiny_model(scale=3.0)
   b, l, p = 2, 10, 6
@@ -84,6 +87,7 @@ def test_cache_equals_no_cache_and_prefill_plus_decode_equals_full_forward():
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_shared_prefix_decode_equals_full_forward():
   """R rows sharing one prefilled prompt (with_prefix) decode exactly like full forwards."""
   model = tiny_model(scale=3.0)
@@ -106,6 +110,7 @@ def test_shared_prefix_decode_equals_full_forward():
   with pytest.raises(ValueError, match="multiple"):
     model.with_prefix(prefix, 5, t)
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_bfloat16_compute_is_close_to_float32():
   model = tiny_model(scale=3.0)
   ids = jnp.asarray(np.random.RandomState(3).randint(3, 61, (2, 8)), jnp.int32)
@@ -238,6 +243,7 @@ def test_task_tokenizer_round_trip(tmp_path):
   assert again.eos_token_id is not None and again.pad_token_id == 0
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_remat_gives_the_same_gradients():
   import jax.numpy as jnp
   from flax import nnx
@@ -253,6 +259,7 @@ def test_remat_gives_the_same_gradients():
   assert "remat" in str(jax.make_jaxpr(jax.grad(loss(g2)))(s))  # the recomputation is really there
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)])
 def test_attention_core_backward_matches_autodiff(dtype, tol):
   from dmpo_jax.models.transformer import _NEG_INF, attend

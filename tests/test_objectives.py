@@ -268,6 +268,7 @@ def test_kl_estimators(x64):
   check_grads(lambda a: kl.k3(a, r).sum(), (l,), order=1, modes=("fwd", "rev"))
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_token_logprobs_chunked_equals_full():
   logits = jax.random.normal(jax.random.key(21), (2, 8, 11))
   tokens = jax.random.randint(jax.random.key(22), (2, 8), 0, 11)
@@ -383,6 +384,7 @@ def test_none_policy_loss_leaves_only_the_other_terms():
 
 # ------------------------------------------------------------------- presets
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_presets_and_builder():
   assert set(presets.preset_names()) >= {"grpo", "dr_grpo", "dapo", "gspo", "gpg", "flowrl",
                                          "dmpo", "dph_f", "dph_js", "dph_alpha", "rkl"}
@@ -428,6 +430,7 @@ def _run(preset, init_probs, steps, **overrides):
   return np.asarray(final)
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_mode_collapse_in_miniature():
   # GRPO from a reference that prefers optimum 0 (0.3 vs 0.03, 0.03): rich get
   # richer, optimum 0 ends with > 85% of all mass in every seed.
@@ -448,6 +451,7 @@ def test_mode_collapse_in_miniature():
   assert d[:, :3].sum(1).min() > 0.95 and g2[:, :3].sum(1).min() > 0.95  # both solve it
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_flowrl_log_z_head_learns_the_partition_function():
   # With phi = phi_ref and equal weights, the TB residual is log Z + 0 - beta r_hat:
   # r_hat has mean 0 per group, so the optimal log Z is 0 for every prompt, and

@@ -20,6 +20,7 @@ def _teacher_forced_logits(model, prompt, completion):
   return logits[p - 1:p - 1 + len(completion)]
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_greedy_equals_stepwise_argmax_of_full_forwards():
   model = tiny_model(scale=4.0)
   prompts = random_prompts(3, 2, 7, 61, seed=1)  # ragged: exercises left padding
@@ -48,6 +49,7 @@ def test_logprobs_equal_teacher_forced_log_softmax(temperature, top_k, top_p):
     np.testing.assert_allclose(np.asarray(out.logprobs[row]), want, atol=1e-5)
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_eos_ends_rows_and_masks_the_rest():
   model = tiny_model(scale=1.0)
   prompts = random_prompts(4, 2, 5, 61, seed=3)
@@ -116,6 +118,7 @@ def test_top_k_top_p_frequencies_match_truncated_distribution(top_k, top_p):
   assert (np.abs(freq - target) <= 5 * sigma + 1e-12).all(), (freq, target)
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_no_retrace_for_new_prompts_of_the_same_shape():
   model = tiny_model()
   graphdef, params = nnx.split(model)
@@ -152,6 +155,7 @@ def test_bad_sampling_input_is_refused_before_compiling():
   assert out.tokens.shape == (1, 2)
 
 
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 def test_decode_phases_change_nothing_but_speed():
   """4 decode phases over a growing cache sample exactly what one loop over all slots samples,
   also when some rows end (EOS) in an early phase."""
