@@ -128,6 +128,7 @@ def test_bfloat16_compute_is_close_to_float32():
   assert np.abs(out - ref).max() > 0  # it really computed in bf16
 
 
+@pytest.mark.slow  # > 6 s on the 2-core CPU: full suite only
 def test_save_round_trip_opens_in_transformers(tmp_path):
   import torch
   import transformers

@@ -177,6 +177,7 @@ def test_ppo_clip_by_hand():
   np.testing.assert_allclose(aux2["dual_clip_frac"], 0.25)
 
 
+@pytest.mark.slow  # > 6 s on the 2-core CPU: full suite only
 def test_padding_and_masks_change_nothing():
   key = jax.random.key(13)
   logp = -jax.random.uniform(key, (3, 4, 5))

@@ -34,6 +34,7 @@ def test_greedy_equals_stepwise_argmax_of_full_forwards():
   assert np.asarray(out.mask).min() == 1  # no EOS given: every token is valid
 
 
+@pytest.mark.slow  # > 6 s on the 2-core CPU: full suite only
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8)])
 def test_logprobs_equal_teacher_forced_log_softmax(temperature, top_k, top_p):
   model = tiny_model(scale=3.0)
