@@ -89,6 +89,7 @@ def _empirical(model, prompt, n, **kw):
   return np.bincount(np.asarray(out.tokens[:, 0]), minlength=model.cfg.vocab_size) / n
 
 
+@pytest.mark.slow  # > 6 s on the 2-core CPU: full suite only
 @pytest.mark.parametrize("top_k,top_p", [(4, 1.0), (0, 0.6), (6, 0.7)])
 def test_top_k_top_p_frequencies_match_truncated_distribution(top_k, top_p):
   model = tiny_model(scale=6.0, vocab_size=16)
