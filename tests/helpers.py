@@ -17,8 +17,15 @@ def tiny_hf(path, arch="qwen2", *, tie=False, vocab=97, seed=0, **overrides):
     model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
   else:
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw))
+  return perturb_and_save(model, path)
+
+
+def perturb_and_save(model, path):
+  """Weights larger than init, so that differences show; then save the folder."""
+  import torch
+
   model.eval()
-  with torch.no_grad():  # larger than init so that differences show
+  with torch.no_grad():
     for p in model.parameters():
       p.add_(torch.randn_like(p) * 0.05)
   model.save_pretrained(path)

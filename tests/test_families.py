@@ -10,6 +10,7 @@ import pytest
 
 from dmpo_jax import sampling
 from dmpo_jax.models import hf, positions
+from tests.helpers import perturb_and_save
 
 VOCAB = 97
 
@@ -33,12 +34,7 @@ def _hf_model(path, family, *, tie=False, seed=0):
   else:  # qwen3: head_dim 24, not hidden_size / heads = 16
     kw["rope_parameters"] = {"rope_type": "default", "rope_theta": 5000.0}
     model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=24, **kw))
-  model.eval()
-  with torch.no_grad():  # larger than init so that differences show
-    for p in model.parameters():
-      p.add_(torch.randn_like(p) * 0.05)
-  model.save_pretrained(path)
-  return model
+  return perturb_and_save(model, path)
 
 
 def _padded(lengths, length, seed=1):
