@@ -251,3 +251,19 @@ def test_a_complete_result_is_reused_for_larger_limits(monkeypatch):
   task, q, full = _instance_with("maximum-set", "easy", 2)
   monkeypatch.setitem(optima._ENUMERATORS, "maximum-set", (None, None))  # would fail if called
   assert task.optimal_solutions(q, limit=10**4, time_limit=1.0) is full
+
+
+@pytest.mark.parametrize("key", ["maximum-set", "maximum_clique_problem", "GCP-D", "set-cover"])
+def test_exhaustive_search_equals_cpsat(key, monkeypatch):
+  """Small instances skip CP-SAT (optima.SEARCH_MAX); both paths give the same optima."""
+  task = tasks.get(key)
+  for level, seeds in (("tiny", range(8)), ("easy", range(3))):
+    for seed in seeds:
+      fast = task.optimal_solutions(task.generate(seed, level), limit=1000, time_limit=30.0)
+      monkeypatch.setattr(optima, "SEARCH_MAX", 0)
+      slow = task.optimal_solutions(task.generate(seed, level), limit=1000, time_limit=30.0)
+      monkeypatch.undo()
+      assert (fast.solutions, fast.complete, fast.value) == (slow.solutions, slow.complete, slow.value), \
+          (key, level, seed)
+  cut = task.optimal_solutions(task.generate(0, "easy"), limit=1)  # the limit cuts the search too
+  assert len(cut.solutions) <= 1

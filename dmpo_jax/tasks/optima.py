@@ -35,6 +35,8 @@ import dataclasses
 import functools
 import random
 import time
+
+import numpy as np
 from typing import Callable, Iterator, Sequence
 
 from dmpo_jax.tasks.common import cp_model
@@ -234,10 +236,103 @@ def _knapsack(task, p, limit, deadline):
   return list(acc.found), done, float(best[0][cap]), acc.cut
 
 
+# ---------------------------------------------------------------------------
+# Exhaustive search for small instances: exact like CP-SAT, without its ~10 ms of set-up per
+# call, which dominated the instance filter of the collapse testbed (tiny graphs have <= 7
+# vertices). Larger instances go to CP-SAT. tests/test_optima.py checks both paths agree.
+SEARCH_MAX = 14  # vertices (graph sets, colourings) or subsets (set cover) searched exhaustively
+
+
+def _best_masks(n: int, ok, score):
+  """Over every subset mask of n elements: (best score, masks that reach it), the masks that
+  ok(masks) keeps only; ok and score take a [2^n] int64 array."""
+  masks = np.arange(1 << n, dtype=np.int64)
+  masks = masks[ok(masks)]
+  if not len(masks):
+    return None, masks
+  sc = score(masks)
+  best = sc.max()
+  return best, masks[sc == best]
+
+
+def _popcount(masks):
+  return np.array([bin(int(m)).count("1") for m in masks], np.int64)
+
+
+def _members(mask: int, n: int) -> tuple:
+  return tuple(i for i in range(n) if mask >> i & 1)
+
+
+def _cut(forms: list, limit: int):
+  """(forms, complete, reason) after applying the limit to a full list."""
+  if len(forms) > limit:
+    return forms[:limit], False, f"more than limit={limit} optimal solutions"
+  return forms, True, ""
+
+
+def _set_in_graph_search(task, p, limit):
+  bad = [sum(1 << v for v in range(p.n) if v != u and not task._ok(p, u, v)) for u in range(p.n)]
+
+  def ok(masks):  # no member conflicts with another member
+    keep = np.ones(len(masks), bool)
+    for u in range(p.n):
+      keep &= ((masks >> u) & 1 == 0) | (masks & bad[u] == 0)
+    return keep
+
+  best, masks = _best_masks(p.n, ok, _popcount)
+  forms, complete, reason = _cut(sorted(_members(int(m), p.n) for m in masks), limit)
+  return forms, complete, float(best), reason
+
+
+def _colouring_search(task, p, limit):
+  """Every proper colouring labelled in order of first use (restricted growth strings) with
+  the fewest colours: depth-first, colour by colour, pruned at the best count found so far."""
+  adj = [[] for _ in range(p.n)]
+  for u, v in p.edges:
+    adj[max(u, v)].append(min(u, v))
+  best, found, x = [p.n + 1], [], [0] * p.n
+
+  def walk(v, top):  # top = colours used by 0..v-1
+    if top > best[0]:
+      return
+    if v == p.n:
+      if top < best[0]:
+        best[0], found[:] = top, []
+      found.append(tuple(x))
+      return
+    for c in range(min(top + 1, best[0])):
+      if all(x[u] != c for u in adj[v]):
+        x[v] = c
+        walk(v + 1, max(top, c + 1))
+
+  walk(0, 0)
+  forms, complete, reason = _cut(sorted(found), limit)
+  return forms, complete, float(best[0]), reason
+
+
+def _set_cover_search(task, p, limit):
+  ids = sorted(p.sets)
+  cover = [sum(1 << i for i, e in enumerate(sorted(p.universe)) if e in p.sets[s]) for s in ids]
+  full = (1 << len(p.universe)) - 1
+
+  def ok(masks):
+    got = np.zeros(len(masks), np.int64)
+    for j, c in enumerate(cover):
+      got |= np.where((masks >> j) & 1 == 1, c, 0)
+    return got == full
+
+  best, masks = _best_masks(len(ids), ok, lambda m: -_popcount(m))
+  forms, complete, reason = _cut(sorted(tuple(ids[j] for j in _members(int(m), len(ids)))
+                                        for m in masks), limit)
+  return forms, complete, float(-best), reason
+
+
 def _set_cover(task, p, limit, deadline):
   if not p.coverable:
     return [("Impossible",)], True, 0.0, ""
   ids = sorted(p.sets)
+  if len(ids) <= SEARCH_MAX:
+    return _set_cover_search(task, p, limit)
 
   def build(model):
     x = {i: model.NewBoolVar(f"s{i}") for i in ids}
@@ -252,6 +347,8 @@ def _set_cover(task, p, limit, deadline):
 def _set_in_graph(task, p, limit, deadline):
   if p.n == 0:
     return [], True, None, ""
+  if p.n <= SEARCH_MAX:
+    return _set_in_graph_search(task, p, limit)
 
   def build(model):
     x = [model.NewBoolVar(f"x{v}") for v in range(p.n)]
@@ -271,6 +368,8 @@ def _colouring(task, p, limit, deadline):
   labelled exactly as the verifier's canonical form."""
   if p.n == 0:
     return [()], True, 0.0, ""
+  if p.n <= SEARCH_MAX // 2:  # restricted growth strings: Bell(7) = 877 at most
+    return _colouring_search(task, p, limit)
 
   def build(model):
     x = [model.NewIntVar(0, p.n - 1, f"c{v}") for v in range(p.n)]
