@@ -56,6 +56,10 @@ def get_config(arg: str | None = None):
       # uses 1.0 (all); the small from-scratch policy solves almost nothing every time, so 0.5.
       pef_threshold=0.5,
       batch=16,                             # stored D_pef responses per RL step
+      # "separate": L = L_RL + eta * L_f (two means); "per_sample": eta scaled by
+      # batch / (prompts_per_step * group_size), each D_pef response weighing eta x one RL sample
+      # as in the DPH-RL authors' mixed batches (docs/METHODS.md).
+      weighting="separate",
   ))
   c.rl = config_dict.ConfigDict(dict(
       algo=opts.get("algo", "dmpo"), steps=60, prompts_per_step=8, group_size=8, lr=3e-4,

@@ -145,7 +145,7 @@ def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: in
   vg = term_gradients(loss_fn) if term_grads else jax.value_and_grad(loss_fn, has_aux=True)
 
   def step(params, opt_state, batch):
-    TRACES["rl_update"] += 1
+    TRACES["rl_update_terms" if term_grads else "rl_update"] += 1
     (loss, metrics), grads = accumulate(vg, params, batch, micro_batches)
     if term_grads:
       grads, g_pg, g_reg = grads

@@ -94,8 +94,15 @@ def train(cfg, workdir: str) -> dict:
 # ---------------------------------------------------------------------------
 # Config checks (bad input names itself).
 def objective_from_config(cfg) -> presets.ObjectiveConfig:
+  """The preset's objective with config.rl.objective's overrides. With
+  config.dph.weighting = "per_sample", eta is scaled by dph.batch / (prompts x group), so that a
+  rehearsed D_pef response weighs eta times one RL sample (docs/METHODS.md, DPH-RL)."""
   overrides = {k: v for k, v in cfg.rl.objective.items() if v is not None}
-  return presets.objective_config(cfg.rl.algo, **overrides)
+  obj = presets.objective_config(cfg.rl.algo, **overrides)
+  if obj.divergence is not None and cfg.dph.get("weighting", "separate") == "per_sample":
+    share = cfg.dph.batch / (cfg.rl.prompts_per_step * cfg.rl.group_size)
+    obj = dataclasses.replace(obj, div_coef=obj.div_coef * share)
+  return obj
 
 
 def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
@@ -126,6 +133,8 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
                      f"mesh's data x fsdp size ({rows})")
   if not 0.0 < cfg.dph.pef_threshold <= 1.0:
     raise ValueError(f"config.dph.pef_threshold={cfg.dph.pef_threshold} must be in (0, 1]")
+  if cfg.dph.get("weighting", "separate") not in ("separate", "per_sample"):
+    raise ValueError(f"config.dph.weighting={cfg.dph.weighting!r}; choose 'separate' or 'per_sample'")
   if cfg.dph.correct not in ("feasible", "optimal"):
     raise ValueError(f"config.dph.correct={cfg.dph.correct!r}; choose 'feasible' or 'optimal'")
   targets = cfg.sft.get("targets", "sampled")
@@ -397,15 +406,18 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   total = cfg.sft.steps + cfg.rl.steps
   if state.step >= total:
     return state, False
-  rl_update = steps.make_rl_step(run.graphdef, obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
-                                 shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep),
-                                 micro_batches=micro_batches(cfg, obj, run.mesh),
-                                 term_grads=bool(cfg.rl.get("log_term_grads", False)))
+  every = term_grads_every(cfg)
+  rl_update, rl_update_terms = (
+      steps.make_rl_step(run.graphdef, obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
+                         shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep),
+                         micro_batches=micro_batches(cfg, obj, run.mesh), term_grads=terms)
+      for terms in (False, True))
   if presets.needs_reference(obj):
     state = dataclasses.replace(state, reference=reference_policy(run.ckpt, state, cfg.sft.steps))
   reference = state.reference
   ref_fn = (lambda seqs: logprob_eval(reference, seqs)) if reference is not None else None
-  consecutive, first_rl, traces0 = 0, state.step, steps.TRACES["rl_update"]
+  consecutive, first_rl = 0, state.step
+  traces0 = {k: steps.TRACES[k] for k in ("rl_update", "rl_update_terms")}
   while state.step < total:
     t0 = time.time()
     rl_step = state.step - cfg.sft.steps
@@ -418,12 +430,12 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     batch = rollouts.batch(run.data_sh)
     batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch), run.data_sh))
     t2 = time.time()
-    state, m = update(state, batch, rl_update)
+    state, m = update(state, batch, rl_update_terms if every and rl_step % every == 0 else rl_update)
     update_s = time.time() - t2
     run.times["rollout"] += rollouts.sample_s
     run.times["reward"] += rollouts.score_s
     run.times["update"] += update_s
-    traces = steps.TRACES["rl_update"] - traces0
+    traces = max(steps.TRACES[k] - n for k, n in traces0.items())
     if cfg.rl.check_recompile and state.step - first_rl >= 2 and traces > 1:
       raise TrainingError(f"the RL update recompiled ({traces} traces); batch shapes must stay fixed")
     consecutive = consecutive + 1 if int(m["skipped"]) else 0
@@ -442,6 +454,18 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     if run.maybe_stop(state, "rl", stop):
       return state, True
   return state, False
+
+
+def term_grads_every(cfg) -> int:
+  """config.rl.log_term_grads -> log the terms' gradient norms every this many RL steps (0:
+  never). False: never; True: every step; N: every N-th step (the others skip the two extra
+  backward passes of `steps.term_gradients`)."""
+  v = cfg.rl.get("log_term_grads", False)
+  if isinstance(v, bool):
+    return int(v)
+  if not isinstance(v, int) or v < 0:
+    raise ValueError(f"config.rl.log_term_grads={v!r}; use False, True or a step interval N >= 1")
+  return v
 
 
 def reference_policy(ckpt: ckpt_lib.Checkpointer, state: TrainState, rl_start: int):

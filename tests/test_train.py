@@ -109,7 +109,7 @@ def test_dph_with_stored_responses_adds_divergence(tmp_path):
   tokens = rng.integers(5, 100, (n, lp + lt)).astype(np.int32)
   np.savez(tmp_path / "dph_store.npz", pef_tokens=tokens, pef_prompt_mask=np.ones((n, lp), np.int32),
            pef_mask=np.ones((n, lt), np.int32), pef_logprobs=np.full((n, lt), -4.0, np.float32),
-           exp_index=np.arange(4))
+           pef_index=np.arange(n), exp_index=np.arange(n, n + 4), version=2)
   train_lib.train(cfg, str(tmp_path))
   rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl") if '"rl"' in l]
   assert rows and all(r.get("divergence") is not None and np.isfinite(r["divergence"]) for r in rows)

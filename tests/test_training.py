@@ -210,3 +210,48 @@ def test_host_and_global_arrays_round_trip():
   tree = dist.tree_to_host(dist.tree_to_global({"a": x, "b": x[:, :1]}, sh))
   np.testing.assert_array_equal(tree["b"], x[:, :1])
   assert dist.is_main() and dist.agree(True) is True and dist.agree(False) is False
+
+
+def test_dph_rl_stream_skips_d_pef_and_refills():
+  """D_exp is the RL stream minus D_pef's prompts, refilled past them: same prompts per step."""
+  from dmpo_jax.training import dph
+  ts = pipeline.TaskSet(["subset-sum", "knapsack"], "tiny", 3)
+  n = 4
+  flat = [f for s in range(4) for f in range(s * n, s * n + n)]
+  stream = dph.stream_items(ts, flat, n)
+  assert stream[5] == ts.train("rl", 1, n)[1]
+  store = {"pef_index": np.array([1, 1, 3, 6])}  # one index per stored response; repeats allowed
+  got = [dph.rl_items(store, ts, s, n) for s in range(3)]
+  # step 0 takes flat 0, 2, 4, 5; step 1: 7, 8, 9, 10; step 2: 11, 12, 13, 14
+  assert got[0] == [stream[i] for i in (0, 2, 4, 5)]
+  assert got[1] == [stream[i] for i in (7, 8, 9, 10)]
+  assert got[2] == [stream[i] for i in (11, 12, 13, 14)]
+  # without D_pef (no store, or an empty one) every preset sees the plain stream
+  assert dph.rl_items(None, ts, 1, n) == ts.train("rl", 1, n)
+  assert dph.rl_items({"pef_index": np.array([], np.int64)}, ts, 2, n) == ts.train("rl", 2, n)
+
+
+def test_dph_per_sample_weighting_scales_eta(tmp_path):
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs"))
+  import nphard
+  from dmpo_jax import train as train_lib
+  cfg = nphard.get_config("algo=dph_f")
+  base = train_lib.objective_from_config(cfg).div_coef
+  cfg.dph.weighting = "per_sample"
+  share = cfg.dph.batch / (cfg.rl.prompts_per_step * cfg.rl.group_size)
+  assert train_lib.objective_from_config(cfg).div_coef == pytest.approx(base * share)
+  assert share != 1.0
+  cfg.rl.algo = "grpo"  # no divergence: nothing to scale
+  assert train_lib.objective_from_config(cfg).div_coef == 0.0
+
+
+def test_log_term_grads_interval():
+  from ml_collections import config_dict
+  from dmpo_jax import train as train_lib
+  every = lambda v: train_lib.term_grads_every(config_dict.ConfigDict({"rl": {"log_term_grads": v}}))
+  assert (every(False), every(True), every(4)) == (0, 1, 4)
+  assert train_lib.term_grads_every(config_dict.ConfigDict({"rl": {}})) == 0
+  for bad in (-1, 2.5, "4"):
+    with pytest.raises(ValueError, match="log_term_grads"):
+      every(bad)

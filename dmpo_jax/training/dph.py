@@ -1,10 +1,13 @@
 """DPH-RL's pre-sampling stage and its store (dph_* presets; arXiv 2509.07430).
 
-Before RL, the initial policy answers each of config.dph.num_prompts training
-prompts config.dph.samples times. Prompts it solves often enough form D_pef:
-their correct responses are stored with their per-token log-probs
-(workdir/dph_store.npz) and the divergence term keeps the policy close to them.
-The other prompts form D_exp, the pool RL trains on.
+Before RL, the initial policy answers the first config.dph.num_prompts prompts of
+the RL stream (the prompts every preset trains on, in order) config.dph.samples
+times each. Prompts it solves in at least config.dph.pef_threshold of its samples
+(DPH-RL: all of them, 1.0) form D_pef: their correct responses are stored with
+their per-token log-probs (workdir/dph_store.npz) and the divergence term keeps
+the policy close to them. D_exp is the RL stream minus D_pef: RL skips the D_pef
+prompts and refills from the stream, so a dph_* run trains on as many RL prompts
+per step as any other preset, and on the same ones except D_pef's.
 """
 
 from __future__ import annotations
@@ -18,18 +21,32 @@ from dmpo_jax import distributed as dist
 from dmpo_jax import pipeline
 
 STORE = "dph_store.npz"
+STORE_VERSION = 2  # 2: D_pef drawn from the RL stream (flat stream indices); 1: a separate pool
+
+
+def stream_items(taskset, flat: list[int], per_step: int) -> list:
+  """The RL stream's items at flat indices (step = index // per_step, row = index % per_step)."""
+  steps = {}
+  for f in flat:
+    if f // per_step not in steps:
+      steps[f // per_step] = taskset.train("rl", f // per_step, per_step)
+  return [steps[f // per_step][f % per_step] for f in flat]
 
 
 def presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, state, reward_cfg):
-  """The store (read from workdir if a previous run wrote it): pef_* arrays and exp_items."""
+  """The store (read from workdir if a previous run wrote it): the pef_* arrays, pef_index (the
+  flat stream index of each stored response's prompt) and exp_index (pre-sampled, not D_pef)."""
   path = os.path.join(workdir, STORE)
   prompt_len, completion_len, k = cfg.model.max_prompt_len, cfg.model.max_new_tokens, cfg.dph.samples
-  items = [it for j in range(cfg.dph.num_prompts) for it in taskset.train("dph", j, 1)]
   if dist.agree(os.path.exists(path)):
     z = np.load(path)
-    exp = [items[i] for i in z["exp_index"]]
-    return {"pef_tokens": z["pef_tokens"], "pef_prompt_mask": z["pef_prompt_mask"],
-            "pef_mask": z["pef_mask"], "pef_logprobs": z["pef_logprobs"], "exp_items": exp}
+    version = int(z["version"]) if "version" in z else 1
+    if version != STORE_VERSION:
+      raise ValueError(f"{path} was written by an older dmpo_jax (D_pef from a separate pool); "
+                       "delete it to pre-sample again from the RL stream")
+    return {k: z[k] for k in ("pef_tokens", "pef_prompt_mask", "pef_mask", "pef_logprobs",
+                              "pef_index", "exp_index")}
+  items = stream_items(taskset, list(range(cfg.dph.num_prompts)), cfg.rl.prompts_per_step)
   pef_tok, pef_pm, pef_m, pef_lp, pef_index, exp_index = [], [], [], [], [], []
   chunk = cfg.eval.batch_prompts
   for c0 in range(0, len(items), chunk):
@@ -65,7 +82,8 @@ def presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, sta
            "pef_prompt_mask": np.asarray(pef_pm, np.int32).reshape(-1, prompt_len),
            "pef_mask": np.asarray(pef_m, np.int32).reshape(-1, completion_len),
            "pef_logprobs": np.asarray(pef_lp, np.float32).reshape(-1, completion_len),
-           "pef_index": np.asarray(pef_index, np.int64), "exp_index": np.asarray(exp_index, np.int64)}
+           "pef_index": np.asarray(pef_index, np.int64), "exp_index": np.asarray(exp_index, np.int64),
+           "version": np.asarray(STORE_VERSION)}
   if dist.is_main():
     tmp = path + ".tmp.npz"
     np.savez(tmp, **store)
@@ -73,16 +91,28 @@ def presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, sta
   n_pef = len(items) - len(exp_index)
   print(f"DPH pre-sampling: {n_pef} of {len(items)} prompts in D_pef ({len(pef_tok)} stored responses), "
         f"{len(exp_index)} in D_exp", flush=True)
-  store["exp_items"] = [items[i] for i in exp_index]
   return store
 
 
 def rl_items(store, taskset, rl_step: int, n: int) -> list:
-  """The n instances of RL step rl_step: D_exp's (cycling) when a store has one, else fresh."""
-  if store is not None and len(store["exp_items"]):
-    pool = store["exp_items"]
-    return [pool[(rl_step * n + i) % len(pool)] for i in range(n)]
-  return taskset.train("rl", rl_step, n)
+  """The n instances of RL step rl_step: the RL stream's, minus D_pef's prompts when a store
+  has them (the stream refilled past them, so every step still has n prompts)."""
+  skip = set() if store is None else {int(i) for i in store["pef_index"]}
+  if not skip:
+    return taskset.train("rl", rl_step, n)
+  return stream_items(taskset, exp_indices(skip, rl_step * n, n), n)
+
+
+def exp_indices(skip: set[int], start: int, n: int) -> list[int]:
+  """Flat stream indices of D_exp's items start..start+n-1 (the stream with `skip` left out)."""
+  out, f, seen = [], 0, 0
+  while len(out) < n:
+    if f not in skip:
+      if seen >= start:
+        out.append(f)
+      seen += 1
+    f += 1
+  return out
 
 
 def batch_part(store, rl_step: int, n: int) -> dict:
