@@ -50,6 +50,9 @@ SETTINGS: dict[str, dict] = {
                         "rl.objective.policy_loss": "none"},
     "dph_f": {"rl.algo": "dph_f"},
     "dph_js": {"rl.algo": "dph_js"},
+    # The same with the two terms as separate means (eta x the whole D_pef batch's mean).
+    "dph_f-sep": {"rl.algo": "dph_f", "dph.weighting": "separate"},
+    "dph_js-sep": {"rl.algo": "dph_js", "dph.weighting": "separate"},
     "rkl-0.01": {"rl.algo": "rkl", "rl.objective.kl_coef": 0.01},
     "rkl-0.1": {"rl.algo": "rkl", "rl.objective.kl_coef": 0.1},
     "grpo-g16": {"rl.algo": "grpo", "rl.group_size": 16},
