@@ -1,0 +1,121 @@
+"""MM-NP-Bench: image prompts, the render cache, the from-scratch VLM and its export."""
+
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from dmpo_jax import multimodal as mm
+from dmpo_jax import pipeline, tasks
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs"))
+import mm_nphard  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smoke_vlm():
+  cfg = mm_nphard.get_config("smoke")
+  model, processor = mm.build_vlm(cfg)
+  return cfg, model, processor
+
+
+def _numbers(text: str) -> set[str]:
+  return set(re.findall(r"\d+", text))
+
+
+@pytest.mark.parametrize("style", tasks.IMAGE_STYLES)
+def test_image_prompts_hold_no_instance_numbers(style):
+  for key in tasks.names():
+    task = tasks.get(key)
+    a, b = task.generate(0, "tiny"), task.generate(1, "tiny")
+    ta, tb = task.prompt(a, style), task.prompt(b, style)
+    assert ta.count(tasks.IMAGE) == 1, key
+    assert ta == tb, f"{key}: the {style} instruction depends on the instance"
+    listed = _numbers(task.prompt(a, "compact")) | _numbers(task.prompt(b, "compact"))
+    leaked = {n for n in _numbers(ta) & listed if len(n) > 1}
+    assert not leaked, f"{key}: {style} prompt repeats instance numbers {leaked}"
+    if style == "image":
+      assert not _numbers(ta), f"{key}: {ta!r}"
+
+
+def test_image_pad_count_matches_the_grid_and_cache_hits(smoke_vlm):
+  cfg, model, processor = smoke_vlm
+  enc = mm.make_encoder(cfg, processor)
+  items = pipeline.TaskSet(tasks.names(), "tiny", 0).held_out(1)
+  pad = processor.image_token_id
+  for key, q in items:
+    ids = enc.encode(key, q)
+    grid = enc.images(key, q)["image_grid_thw"]
+    merge = cfg.model.vision["spatial_merge_size"]
+    assert ids.count(pad) == int(np.prod(grid)) // merge ** 2, key
+    assert len(ids) <= cfg.model.max_prompt_len
+    # the ids are what the model's host-side preparation accepts
+    model.prepare(np.asarray([ids]), grid, patch_budget=cfg.image.patch_budget)
+  assert enc.cache.misses == len(items) and enc.cache.hits >= len(items)
+  key, q = items[0]
+  again = tasks.get(key).generate(pipeline.EVAL_SEED0, "tiny")  # held_out's first seed
+  assert again == q and again is not q
+  before = enc.cache.hits
+  enc.images(key, again)  # an equal instance in another dict: a hit
+  assert enc.cache.hits == before + 1 and enc.cache.misses == len(items)
+  assert enc.cache.ms_per_instance > 0
+
+
+def test_blank_control_keeps_ids_and_grid_and_drops_the_instance(smoke_vlm):
+  cfg, _, processor = smoke_vlm
+  enc = mm.make_encoder(cfg, processor)
+  blank = enc.blank_control()
+  key, q = "TSP", tasks.get("TSP").generate(3, "tiny")
+  assert blank.encode(key, q) == enc.encode(key, q)
+  real, white = enc.images(key, q), blank.images(key, q)
+  np.testing.assert_array_equal(real["image_grid_thw"], white["image_grid_thw"])
+  assert real["pixel_values"].shape == white["pixel_values"].shape
+  assert np.abs(real["pixel_values"] - white["pixel_values"]).max() > 0.1
+  other = tasks.get("knapsack").generate(3, "tiny")  # every blank image is the same
+  np.testing.assert_array_equal(blank.images("knapsack", other)["pixel_values"], white["pixel_values"])
+
+
+def test_image_encoder_refuses_text_styles_and_bad_configs(smoke_vlm):
+  cfg, _, processor = smoke_vlm
+  cache = mm.ImageCache(processor, 128)
+  with pytest.raises(ValueError, match="prompt_style='compact'"):
+    mm.ImagePromptEncoder(processor, "compact", 64, cache=cache)
+  with pytest.raises(ValueError, match="config.image.size"):
+    mm.ImageCache(processor, 64)
+  bad = mm_nphard.get_config("smoke")
+  bad.model.mrope_section = (2, 2, 2)
+  with pytest.raises(ValueError, match="config.model.mrope_section"):
+    mm.build_vlm(bad)
+  bad = mm_nphard.get_config("smoke")
+  bad.model.vision = dict(bad.model.vision, num_heads=3)
+  with pytest.raises(ValueError, match="config.model.vision"):
+    mm.build_vlm(bad)
+
+
+def test_scratch_vlm_saves_a_folder_transformers_opens(smoke_vlm, tmp_path):
+  from dmpo_jax.models import hf
+  cfg, model, processor = smoke_vlm
+  hf.save(model, processor, str(tmp_path / "hf"))
+  loaded, proc2 = hf.load(str(tmp_path / "hf"))
+  assert proc2.image_token_id == processor.image_token_id
+  assert proc2.image_processor.size == processor.image_processor.size  # the pixel range
+  import transformers
+  tm = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tmp_path / "hf"))
+  assert tm.config.image_token_id == processor.image_token_id
+  enc = mm.make_encoder(cfg, proc2)
+  key, q = "knapsack", tasks.get("knapsack").generate(0, "tiny")
+  ids = np.asarray([enc.encode(key, q)])
+  im = enc.images(key, q)
+  inputs = loaded.prepare(ids, im["image_grid_thw"])
+  ours = np.asarray(loaded(ids, im["pixel_values"], inputs["layout"], inputs["positions"],
+                           offsets=inputs["offsets"]))
+  import torch
+  with torch.no_grad():
+    theirs = tm(input_ids=torch.tensor(ids, dtype=torch.long),
+                pixel_values=torch.tensor(im["pixel_values"]),
+                image_grid_thw=torch.tensor(im["image_grid_thw"]),
+                mm_token_type_ids=torch.tensor((ids == processor.image_token_id).astype(np.int64)),
+                ).logits.numpy()
+  np.testing.assert_allclose(ours, theirs, atol=1e-4)
