@@ -166,3 +166,83 @@ def make_encoder(cfg, processor) -> ImagePromptEncoder:
   cache = ImageCache(processor, int(cfg.image.size), int(cfg.image.get("cache", 4096)))
   return ImagePromptEncoder(processor, cfg.prompt_style, cfg.model.max_prompt_len,
                             cfg.chat_template, cache=cache)
+
+
+def make_run_encoder(cfg, tok, processor):
+  """A training run's prompt encoder: image prompts for an image style (which needs a
+  vision-language model), else text prompts with the model's tokenizer."""
+  if cfg.prompt_style in tasks_lib.IMAGE_STYLES:
+    if processor is None:
+      raise ValueError(f"config.prompt_style={cfg.prompt_style!r} needs a vision-language model: "
+                       "config.model.vision (from scratch) or a Qwen2.5-VL folder in config.model.init")
+    return make_encoder(cfg, processor)
+  tokenizer = processor.tokenizer if processor is not None else tok
+  return pipeline.PromptEncoder(tokenizer, cfg.prompt_style, cfg.model.max_prompt_len,
+                                cfg.chat_template)
+
+
+def image_inputs(vl_cfg, encoder, items, prompt_tokens, prompt_mask, patch_budget: int):
+  """`qwen2_5_vl.prompt_images` of padded prompts [Bp, P]: each item's image for an image
+  encoder, None (text only) for a text one; every prompt padded to `patch_budget` patches."""
+  from dmpo_jax.models import qwen2_5_vl
+  images = (encoder.batch_images(items) if isinstance(encoder, ImagePromptEncoder)
+            else [None] * len(items))
+  return qwen2_5_vl.prompt_images(vl_cfg, prompt_tokens, prompt_mask, images, patch_budget)
+
+
+MODALITIES = ("image", "blank", "text")
+TEXT_STYLE = {"image": "compact", "npbench_image": "npbench"}  # the same prompt, instance in text
+
+
+def default_modalities(encoder) -> tuple[str, ...]:
+  return MODALITIES if isinstance(encoder, ImagePromptEncoder) else ("text",)
+
+
+def modality_encoder(encoder, modality: str):
+  """The encoder of one modality of `encoder`'s prompts: "image" (the instance drawn),
+  "blank" (a white image of the same size: the control) or "text" (the instance written
+  out in the matching text style)."""
+  if modality not in MODALITIES:
+    raise ValueError(f"config.eval.modalities: unknown modality {modality!r}; choose from {MODALITIES}")
+  image = isinstance(encoder, ImagePromptEncoder)
+  if modality == "text":
+    if not image:
+      return encoder
+    return pipeline.PromptEncoder(encoder.tok, TEXT_STYLE[encoder.style], 10**9, encoder.chat)
+  if not image:
+    raise ValueError(f"config.eval.modalities: {modality!r} needs image prompts "
+                     f"(config.prompt_style in {tasks_lib.IMAGE_STYLES})")
+  return encoder.blank_control() if modality == "blank" else encoder
+
+
+def evaluate_modalities(run_eval, encoder, items, modalities, images_fn) -> dict:
+  """Score the same instances in each modality. run_eval(encoder, prompt_len, images) is one
+  `evaluation.evaluate`; images_fn(items, prompt_tokens, prompt_mask, encoder) the image
+  inputs. Returns the first modality's results plus "modalities": {name: per_task,
+  categories, overall} of each (text prompts are padded to their own longest)."""
+  modalities = tuple(modalities)
+  if not modalities:
+    raise ValueError("config.eval.modalities is empty")
+  results = {}
+  for m in modalities:
+    enc = modality_encoder(encoder, m)
+    plen = encoder.max_len
+    if m == "text":
+      plen = -(-max(len(enc.encode(k, q)) for k, q in items) // 16) * 16
+    results[m] = run_eval(enc, plen, lambda chunk, pt, pm, e=enc: images_fn(chunk, pt, pm, e))
+  out = dict(results[modalities[0]])
+  out["modality"] = modalities[0]
+  out["modalities"] = {m: {k: r[k] for k in ("per_task", "categories", "overall")}
+                       for m, r in results.items()}
+  return out
+
+
+def format_modalities(results: dict, metrics=("SR@3", "QR@3", "SR_mean", "QR_mean")) -> str:
+  """Overall scores per modality, one line each (the blank-image control beside the image)."""
+  mods = results.get("modalities")
+  if not mods:
+    return ""
+  lines = [f"{'modality':10s}" + "".join(f"{m:>10s}" for m in metrics)]
+  for name, r in mods.items():
+    lines.append(f"{name:10s}" + "".join(f"{r['overall'].get(m, float('nan')):10.3f}" for m in metrics))
+  return "\n".join(lines)

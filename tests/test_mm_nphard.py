@@ -1,5 +1,6 @@
 """MM-NP-Bench: image prompts, the render cache, the from-scratch VLM and its export."""
 
+import json
 import os
 import re
 import sys
@@ -119,3 +120,35 @@ def test_scratch_vlm_saves_a_folder_transformers_opens(smoke_vlm, tmp_path):
                 mm_token_type_ids=torch.tensor((ids == processor.image_token_id).astype(np.int64)),
                 ).logits.numpy()
   np.testing.assert_allclose(ours, theirs, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_mm_smoke_run_end_to_end_with_resume(tmp_path):
+  """SFT, a stop at its end and the resume, RL with dmpo, evaluation in every modality (the
+  blank-image control included), the HF export, on image prompts of two tasks."""
+  from dmpo_jax import train as train_lib
+  from dmpo_jax.models import hf
+
+  def cfg(**over):
+    c = mm_nphard.get_config("smoke,algo=dmpo,tasks=TSP+knapsack")
+    c.log.tensorboard = c.log.plots = False
+    c.mesh.data = 2
+    for k, v in over.items():
+      c[k] = v
+    return c
+
+  wd = tmp_path / "run"
+  assert train_lib.train(cfg(stop_at_step=3), str(wd)) == {"stopped": True, "step": 3}
+  assert not (wd / "eval_before.json").exists()
+  res = train_lib.train(cfg(), str(wd))  # resumes at step 3: the end of SFT
+  rows = [json.loads(l) for l in open(wd / "metrics.jsonl")]
+  assert [r["stage"] for r in rows] == ["sft"] * 3 + ["rl"] * 3
+  assert [r["step"] for r in rows] == list(range(1, 7))
+  mods = res["modalities"]["after"]
+  assert list(mods) == ["image", "blank", "text"]
+  for name, r in mods.items():
+    assert set(r["per_task"]) == {"TSP", "knapsack"}, name
+    assert 0.0 <= r["overall"]["SR_mean"] <= 1.0
+  assert res["after"]["overall"] == mods["image"]["overall"]
+  model, processor = hf.load(str(wd / "hf"))
+  assert mm.is_vlm(model) and processor.image_token_id == model.cfg.image_token_id
