@@ -459,7 +459,7 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
         group_size=cfg.rl.group_size, chunks=cfg.rl.rollout_chunks, reward_cfg=run.reward_cfg,
         objective=obj, prompt_len=run.prompt_len, completion_len=run.completion_len,
         data_sh=run.data_sh, ref_fn=ref_fn, collapse=run.taskset.collapse,
-        images=None if run.vl_cfg is None else lambda pt, pm: run.images(items, pt, pm))
+        **({} if run.vl_cfg is None else {"images": lambda pt, pm: run.images(items, pt, pm)}))
     batch = rollouts.batch(run.data_sh)
     batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch), run.data_sh))
     t2 = time.time()
