@@ -215,19 +215,21 @@ def modality_encoder(encoder, modality: str):
   return encoder.blank_control() if modality == "blank" else encoder
 
 
-def evaluate_modalities(run_eval, encoder, items, modalities, images_fn) -> dict:
+def evaluate_modalities(run_eval, encoder, items, modalities, images_fn,
+                        prompt_len: int | None = None) -> dict:
   """Score the same instances in each modality. run_eval(encoder, prompt_len, images) is one
   `evaluation.evaluate`; images_fn(items, prompt_tokens, prompt_mask, encoder) the image
-  inputs. Returns the first modality's results plus "modalities": {name: per_task,
-  categories, overall} of each (text prompts are padded to their own longest)."""
+  inputs. Image prompts are padded to `prompt_len` (None: their longest, rounded up to 16),
+  text prompts to their own longest. Returns the first modality's results plus
+  "modalities": {name: per_task, categories, overall} of each."""
   modalities = tuple(modalities)
   if not modalities:
     raise ValueError("config.eval.modalities is empty")
   results = {}
   for m in modalities:
     enc = modality_encoder(encoder, m)
-    plen = encoder.max_len
-    if m == "text":
+    plen = prompt_len
+    if m == "text" or plen is None:
       plen = -(-max(len(enc.encode(k, q)) for k, q in items) // 16) * 16
     results[m] = run_eval(enc, plen, lambda chunk, pt, pm, e=enc: images_fn(chunk, pt, pm, e))
   out = dict(results[modalities[0]])

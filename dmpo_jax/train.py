@@ -297,7 +297,7 @@ class Run:
       res = run(self.encoder, self.prompt_len, None)
     else:  # every modality on the same instances; the first one is the run's result
       res = multimodal.evaluate_modalities(run, self.encoder, items, cfg.eval.get(
-          "modalities", multimodal.default_modalities(self.encoder)), self.images)
+          "modalities", multimodal.default_modalities(self.encoder)), self.images, self.prompt_len)
     if dist.is_main():
       report.write_json(res, path)
     return res
