@@ -121,14 +121,21 @@ class ImagePromptEncoder(pipeline.PromptEncoder):
 
 
 def build_vlm(cfg):
-  """(model, processor) of a from-scratch Qwen2.5-VL from config.model (its `vision` block and
-  the text sizes) and config.image (the processor's pixel range): the task tokenizer with
-  the image markers, an image processor of its own, and the tower's patch geometry."""
+  """(model, processor) of a from-scratch Qwen2.5-VL (`vlm_config`), initialised from config.seed."""
   from flax import nnx
 
+  from dmpo_jax.models.qwen2_5_vl import Qwen2_5_VL
+  vlcfg, processor = vlm_config(cfg)
+  return Qwen2_5_VL(vlcfg, rngs=nnx.Rngs(cfg.seed)), processor
+
+
+def vlm_config(cfg):
+  """(VLConfig, processor) of a from-scratch Qwen2.5-VL from config.model (its `vision` block
+  and the text sizes) and config.image (the processor's pixel range): the task tokenizer
+  with the image markers, an image processor of its own, and the tower's patch geometry."""
   from dmpo_jax.models import tokenizer as tok_lib
   from dmpo_jax.models.config import ModelConfig
-  from dmpo_jax.models.qwen2_5_vl import Qwen2_5_VL, VLConfig
+  from dmpo_jax.models.qwen2_5_vl import VLConfig
   from dmpo_jax.models.vision import VisionConfig
   from dmpo_jax.models.vl_processor import IMAGE_TOKEN, VLProcessor, build_image_processor
 
@@ -157,8 +164,7 @@ def build_vlm(cfg):
                    vision_start_token_id=tok.convert_tokens_to_ids(MARKERS[0]),
                    vision_end_token_id=tok.convert_tokens_to_ids(MARKERS[1]))
   ip = build_image_processor(vision, min_pixels=im.min_pixels, max_pixels=im.max_pixels)
-  processor = VLProcessor(tok, ip, patch_budget=im.patch_budget or None)
-  return Qwen2_5_VL(vlcfg, rngs=nnx.Rngs(cfg.seed)), processor
+  return vlcfg, VLProcessor(tok, ip, patch_budget=im.patch_budget or None)
 
 
 def make_encoder(cfg, processor) -> ImagePromptEncoder:

@@ -17,9 +17,10 @@ import mm_nphard  # noqa: E402
 
 @pytest.fixture(scope="module")
 def smoke_vlm():
+  """(config, VLConfig, processor) of the smoke config's from-scratch VLM (no weights)."""
   cfg = mm_nphard.get_config("smoke")
-  model, processor = mm.build_vlm(cfg)
-  return cfg, model, processor
+  vl_cfg, processor = mm.vlm_config(cfg)
+  return cfg, vl_cfg, processor
 
 
 def _numbers(text: str) -> set[str]:
@@ -42,7 +43,8 @@ def test_image_prompts_hold_no_instance_numbers(style):
 
 
 def test_image_pad_count_matches_the_grid_and_cache_hits(smoke_vlm):
-  cfg, model, processor = smoke_vlm
+  from dmpo_jax.models import qwen2_5_vl
+  cfg, vl_cfg, processor = smoke_vlm
   enc = mm.make_encoder(cfg, processor)
   items = pipeline.TaskSet(tasks.names(), "tiny", 0).held_out(1)
   pad = processor.image_token_id
@@ -52,8 +54,10 @@ def test_image_pad_count_matches_the_grid_and_cache_hits(smoke_vlm):
     merge = cfg.model.vision["spatial_merge_size"]
     assert ids.count(pad) == int(np.prod(grid)) // merge ** 2, key
     assert len(ids) <= cfg.model.max_prompt_len
-    # the ids are what the model's host-side preparation accepts
-    model.prepare(np.asarray([ids]), grid, patch_budget=cfg.image.patch_budget)
+    # the ids are what the sampler's and the update's image inputs accept
+    ids = np.asarray([ids])
+    qwen2_5_vl.prompt_images(vl_cfg, ids, np.ones_like(ids), [enc.images(key, q)],
+                             cfg.image.patch_budget)
   assert enc.cache.misses == len(items) and enc.cache.hits >= len(items)
   key, q = items[0]
   again = tasks.get(key).generate(pipeline.EVAL_SEED0, "tiny")  # held_out's first seed
@@ -88,16 +92,28 @@ def test_image_encoder_refuses_text_styles_and_bad_configs(smoke_vlm):
   bad = mm_nphard.get_config("smoke")
   bad.model.mrope_section = (2, 2, 2)
   with pytest.raises(ValueError, match="config.model.mrope_section"):
-    mm.build_vlm(bad)
+    mm.vlm_config(bad)
   bad = mm_nphard.get_config("smoke")
   bad.model.vision = dict(bad.model.vision, num_heads=3)
   with pytest.raises(ValueError, match="config.model.vision"):
-    mm.build_vlm(bad)
+    mm.vlm_config(bad)
+  text = mm_nphard.get_config("smoke")
+  text.model.vision = {}  # a text model cannot take image prompts
+  with pytest.raises(ValueError, match="needs a vision-language model"):
+    mm.make_run_encoder(text, processor.tokenizer, None)
+  from dmpo_jax import sharding
+  from dmpo_jax import train as train_lib
+  dph = mm_nphard.get_config("smoke,algo=dph_js")
+  with pytest.raises(ValueError, match="config.rl.algo='dph_js'"):
+    train_lib.check_config(dph, train_lib.objective_from_config(dph),
+                           sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}))
 
 
-def test_scratch_vlm_saves_a_folder_transformers_opens(smoke_vlm, tmp_path):
+@pytest.mark.slow
+def test_scratch_vlm_saves_a_folder_transformers_opens(tmp_path):
   from dmpo_jax.models import hf
-  cfg, model, processor = smoke_vlm
+  cfg = mm_nphard.get_config("smoke")
+  model, processor = mm.build_vlm(cfg)
   hf.save(model, processor, str(tmp_path / "hf"))
   loaded, proc2 = hf.load(str(tmp_path / "hf"))
   assert proc2.image_token_id == processor.image_token_id
