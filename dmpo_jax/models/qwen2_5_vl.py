@@ -194,11 +194,15 @@ def image_features(model: Qwen2_5_VL, pixel_values, layout):
   return feats.astype(as_dtype(model.cfg.text.dtype))
 
 
-def embed_rows(model: Qwen2_5_VL, tokens, feats):
+def embed_rows(model: Qwen2_5_VL, tokens, feats, prompt_len: int | None = None):
   """Input embeddings [Bp, R, L, E] of R rows per prompt (tokens [Bp, R, L]) that share the
-  prompt's features [Bp, M, E]: the k-th image-pad token of a row takes feature k."""
+  prompt's features [Bp, M, E]: the k-th image-pad token of a row takes feature k. Only the
+  first `prompt_len` slots (default all) hold images: an image-pad token the policy
+  generated is text, as it was when the sampler decoded it."""
   text = jnp.take(model.language.embed[...], tokens, axis=0).astype(feats.dtype)
   is_img = tokens == model.cfg.image_token_id
+  if prompt_len is not None:
+    is_img = is_img & (jnp.arange(tokens.shape[-1]) < prompt_len)
   k = jnp.clip(jnp.cumsum(is_img, axis=-1) - 1, 0, feats.shape[1] - 1)  # [Bp, R, L]
   picked = jax.vmap(lambda f, i: jnp.take(f, i, axis=0))(feats, k)  # [Bp, R, L, E]
   return jnp.where(is_img[..., None], picked, text)
