@@ -192,6 +192,28 @@ def test_load_both_layouts_and_refuse_bad_checkpoints(hf_vl, tmp_path):
     g.write(f.read())
   with pytest.raises(CheckpointError, match="preprocessor_config.json is missing"):
     hf.load(broken)
+  # An image processor without a tokenizer; one whose merge size the tower does not use.
+  os.remove(os.path.join(broken, "tokenizer.json"))
+  with open(os.path.join(path, "preprocessor_config.json")) as f:
+    processor_cfg = json.load(f)
+  with open(os.path.join(broken, "preprocessor_config.json"), "w") as f:
+    json.dump(processor_cfg, f)
+  with pytest.raises(CheckpointError, match="no tokenizer file"):
+    hf.load(broken)
+  for name in os.listdir(path):
+    if name.startswith(("tokenizer", "special_tokens")):
+      with open(os.path.join(path, name)) as f, open(os.path.join(broken, name), "w") as g:
+        g.write(f.read())
+  with open(os.path.join(broken, "preprocessor_config.json"), "w") as f:
+    json.dump(dict(processor_cfg, merge_size=4), f)
+  with pytest.raises(ValueError, match=r"vision_config\.spatial_merge_size=2 differs.*merge_size=4"):
+    hf.load(broken)
+  # A Qwen2-VL checkpoint: its vision tower (LayerNorm, no windows) is another architecture.
+  qwen2_vl = dict(nested, vision_config=dict(nested["vision_config"], model_type="qwen2_vl",
+                                             embed_dim=32, mlp_ratio=4))
+  _write(str(tmp_path / "qwen2_vl"), qwen2_vl, tensors)
+  with pytest.raises(CheckpointError, match=r"vision_config\.model_type='qwen2_vl'"):
+    hf.load(str(tmp_path / "qwen2_vl"))
 
 
 def test_prepare_refuses_mismatched_images(hf_vl):
