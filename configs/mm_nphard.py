@@ -40,7 +40,7 @@ def get_config(arg: str | None = None):
       cache=4096,                 # rendered and preprocessed instances kept (LRU)
   )
   c.eval.modalities = ("image", "blank", "text")  # scored side by side on the same instances
-  c.sft.freeze_vision = False     # SFT trains the tower from scratch (features recomputed with gradients)
+  c.sft.freeze_vision = False     # SFT trains the tower from scratch (features get gradients)
   c.rl.freeze_vision = True       # RL keeps it: the sampler's image features are the update's
   c.sft.steps, c.rl.steps = 300, 40
   c.eval.num_per_task = 8

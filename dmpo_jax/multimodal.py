@@ -254,3 +254,36 @@ def format_modalities(results: dict, metrics=("SR@3", "QR@3", "SR_mean", "QR_mea
   for name, r in mods.items():
     lines.append(f"{name:10s}" + "".join(f"{r['overall'].get(m, float('nan')):10.3f}" for m in metrics))
   return "\n".join(lines)
+
+
+class Prefetch:
+  """Renders the next step's instances on a worker thread while the device runs this step
+  (training instances are fresh at every step, so they miss the cache otherwise).
+
+  `warm(items_fn)` submits items_fn() -> [(task key, instance)] and their images; `wait()`
+  returns when it is done. The stages wait before they build a batch, so the cache is
+  never used by two threads at once. A no-op for text prompts."""
+
+  def __init__(self, encoder):
+    self.encoder = encoder if isinstance(encoder, ImagePromptEncoder) else None
+    self._pool = self._pending = None
+
+  def warm(self, items_fn) -> None:
+    if self.encoder is None:
+      return
+    self.wait()
+    if self._pool is None:
+      from concurrent.futures import ThreadPoolExecutor
+      self._pool = ThreadPoolExecutor(1, thread_name_prefix="render")
+    self._pending = self._pool.submit(lambda: [self.encoder.images(k, q) for k, q in items_fn()])
+
+  def wait(self) -> None:
+    if self._pending is not None:
+      pending, self._pending = self._pending, None
+      pending.result()  # a render error surfaces here, in the training thread
+
+  def close(self) -> None:
+    self.wait()
+    if self._pool is not None:
+      self._pool.shutdown()
+      self._pool = None

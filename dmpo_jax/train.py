@@ -378,9 +378,14 @@ def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     return state, False
   sft_step = steps.make_sft_step(run.graphdef, run.sft_opt, run.prompt_len, **run.vision_opts("sft"),
                                  shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep))
+  prefetch = multimodal.Prefetch(run.encoder)  # image prompts: the next step's renders
   while state.step < cfg.sft.steps:
     t0 = time.time()
+    prefetch.wait()
     batch = sft_batch(run, state.step)
+    if state.step + 1 < cfg.sft.steps:
+      n = cfg.sft.batch_size // cfg.sft.solutions_per_instance
+      prefetch.warm(lambda s=state.step + 1: run.taskset.train("sft", s, n))
     state, m = update(state, dist.tree_to_global(batch, run.data_sh), sft_step)
     run.times["sft"] += time.time() - t0
     run.log(state, "sft", {"loss": m["loss"], "grad_norm": m["grad_norm"]}, cfg.sft.steps,
@@ -388,7 +393,9 @@ def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     if state.step % cfg.checkpoint.every == 0 or state.step == cfg.sft.steps:
       run.save(state, "sft")
     if run.maybe_stop(state, "sft", stop):
+      prefetch.close()
       return state, True
+  prefetch.close()
   return state, False
 
 
@@ -450,8 +457,10 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   reference = state.reference
   ref_fn = (lambda seqs: logprob_eval(reference, seqs)) if reference is not None else None
   consecutive, first_rl, traces0 = 0, state.step, steps.TRACES["rl_update"]
+  prefetch = multimodal.Prefetch(run.encoder)  # image prompts: the next step's renders
   while state.step < total:
     t0 = time.time()
+    prefetch.wait()
     rl_step = state.step - cfg.sft.steps
     items = dph.rl_items(store, run.taskset, rl_step, cfg.rl.prompts_per_step)
     rollouts = collect_rollouts(
@@ -462,6 +471,8 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
         **({} if run.vl_cfg is None else {"images": lambda pt, pm: run.images(items, pt, pm)}))
     batch = rollouts.batch(run.data_sh)
     batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch), run.data_sh))
+    if state.step + 1 < total:
+      prefetch.warm(lambda s=rl_step + 1: dph.rl_items(store, run.taskset, s, cfg.rl.prompts_per_step))
     t2 = time.time()
     state, m = update(state, batch, rl_update)
     update_s = time.time() - t2
@@ -485,7 +496,9 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     if state.step % cfg.checkpoint.every == 0 or state.step == total:
       run.save(state, "rl")
     if run.maybe_stop(state, "rl", stop):
+      prefetch.close()
       return state, True
+  prefetch.close()
   return state, False
 
 

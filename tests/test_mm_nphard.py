@@ -68,6 +68,26 @@ def test_image_pad_count_matches_the_grid_and_cache_hits(smoke_vlm):
   assert enc.cache.ms_per_instance > 0
 
 
+def test_prefetch_renders_the_next_step_on_a_worker_thread(smoke_vlm):
+  cfg, _, processor = smoke_vlm
+  enc = mm.make_encoder(cfg, processor)
+  ts = pipeline.TaskSet(["TSP", "knapsack"], "tiny", 0)
+  pre = mm.Prefetch(enc)
+  pre.warm(lambda: ts.train("sft", 1, 4))
+  pre.wait()
+  assert enc.cache.misses == 4 and enc.cache.hits == 0
+  for key, q in ts.train("sft", 1, 4):  # the step's own draw: fresh dicts, cached renders
+    enc.encode(key, q)
+  assert enc.cache.misses == 4 and enc.cache.hits == 4
+  pre.warm(lambda: [("TSP", "not an instance")])
+  with pytest.raises(TypeError, match="TSP: instance must be a question dict"):
+    pre.wait()  # a render error reaches the training thread
+  pre.close()
+  text = mm.Prefetch(pipeline.PromptEncoder(processor.tokenizer, "compact", 64))
+  text.warm(lambda: 1 / 0)  # text prompts: nothing to render, nothing runs
+  text.wait()
+
+
 def test_blank_control_keeps_ids_and_grid_and_drops_the_instance(smoke_vlm):
   cfg, _, processor = smoke_vlm
   enc = mm.make_encoder(cfg, processor)
