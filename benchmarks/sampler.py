@@ -10,6 +10,15 @@ Builds a model from a HF config.json with random weights (no hub), samples
 both, the ratio, and the fraction of the compute bound reached (decode FLOPs
 over the matmul rate measured in the same run). EOS is disabled so both
 generate exactly the same number of tokens. Last line: one JSON object.
+
+    python benchmarks/sampler.py --images             # image prompts, a tiny Qwen2.5-VL
+
+With --images, the model is a random Qwen2.5-VL (`VL_CONFIG`: the text model
+above plus a 4-block vision tower) and every prompt holds one random image of
+`image_side` x `image_side` patches (a (1, side, side) grid, side^2 / 4
+image-pad tokens) then text: the timing covers the vision prefill (once per
+prompt for us; transformers runs its tower on every row it is given) and the
+decode. transformers gets `mm_token_type_ids`, so both use multimodal positions.
 """
 
 from __future__ import annotations
@@ -58,6 +67,83 @@ def decode_flops(cfg, rows: int, prompt_len: int, new_tokens: int) -> float:
   return rows * (per_token * new_tokens + attn)
 
 
+VL_CONFIG = dict(
+    architectures=["Qwen2_5_VLForConditionalGeneration"], model_type="qwen2_5_vl",
+    image_token_id=500, vision_start_token_id=501, vision_end_token_id=502, video_token_id=503,
+    vision_config=dict(depth=4, hidden_size=128, intermediate_size=256, num_heads=4,
+                       in_channels=3, patch_size=14, temporal_patch_size=2,
+                       spatial_merge_size=2, window_size=56, out_hidden_size=256,
+                       fullatt_block_indexes=[3]),
+    text_config=dict(vocab_size=512, hidden_size=256, intermediate_size=704,
+                     num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                     max_position_embeddings=4096, rms_norm_eps=1e-6, hidden_act="silu",
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                      "mrope_section": [8, 12, 12]}),
+    tie_word_embeddings=False)
+
+
+def image_case(args):
+  """The image-prompt case: (ours tokens/s, transformers tokens/s or None, compile s, cfg)."""
+  import jax
+  import torch
+  import transformers
+
+  from dmpo_jax import sampling
+  from dmpo_jax.models import hf
+
+  rows = args.batch * args.samples
+  tmp = tempfile.mkdtemp(prefix="bench-sampler-vl-")
+  torch.manual_seed(0)
+  torch.set_num_threads(os.cpu_count() or 1)
+  tmodel = transformers.Qwen2_5_VLForConditionalGeneration(
+      transformers.Qwen2_5_VLConfig(**VL_CONFIG)).eval()
+  tmodel.save_pretrained(tmp)
+  model, _ = hf.load(tmp)
+  cfg = model.cfg
+  side, c = args.image_side, cfg.vision.patch_dim
+  n_img = side * side // cfg.vision.merge_unit
+  if args.prompt_len < n_img + 3:
+    raise SystemExit(f"--prompt_len {args.prompt_len} cannot hold an image of {n_img} tokens")
+  rng = np.random.RandomState(0)
+  text = rng.randint(3, 500, (args.batch, args.prompt_len - n_img - 2))
+  plist = [[cfg.vision_start_token_id] + [cfg.image_token_id] * n_img
+           + [cfg.vision_end_token_id] + list(t) for t in text]
+  grid = np.array([[1, side, side]], np.int64)
+  images = [{"pixel_values": rng.randn(side * side, c).astype(np.float32), "image_grid_thw": grid}
+            for _ in plist]
+  torch_tps = None
+  if not args.skip_torch:
+    ids = torch.tensor(np.repeat(np.asarray(plist), args.samples, axis=0))
+    pixels = torch.tensor(np.concatenate([np.concatenate([x["pixel_values"]] * args.samples)
+                                          for x in images]))
+    kw = dict(pixel_values=pixels, image_grid_thw=torch.tensor(np.repeat(grid, rows, 0)),
+              mm_token_type_ids=(ids == cfg.image_token_id).long(),
+              do_sample=True, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+              output_scores=True, return_dict_in_generate=True, top_k=0, top_p=1.0,
+              temperature=1.0, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+      times = []
+      for _ in range(args.reps):
+        t = time.perf_counter()
+        out = tmodel.generate(ids, **kw)
+        times.append(time.perf_counter() - t)
+    assert out.sequences.shape[1] == args.prompt_len + args.new_tokens
+    torch_tps = rows * args.new_tokens / min(times)
+  gen = lambda key: sampling.generate(model, plist, rng=key, max_new_tokens=args.new_tokens,
+                                      num_samples=args.samples, images=images)
+  t = time.perf_counter()
+  gen(jax.random.key(0)).tokens.block_until_ready()
+  compile_s = time.perf_counter() - t
+  times = []
+  for i in range(args.reps):
+    t = time.perf_counter()
+    out = gen(jax.random.key(i + 1))
+    out.tokens.block_until_ready()
+    times.append(time.perf_counter() - t)
+  assert int(out.mask.sum()) == rows * args.new_tokens
+  return rows * args.new_tokens / min(times), torch_tps, compile_s, cfg
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--config", help="a HF config.json (default: the Qwen2-shaped test model)")
@@ -67,7 +153,11 @@ def main(argv=None):
   ap.add_argument("--new_tokens", type=int, default=128)
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--skip_torch", action="store_true")
+  ap.add_argument("--images", action="store_true", help="image prompts, a tiny Qwen2.5-VL")
+  ap.add_argument("--image_side", type=int, default=8, help="patches per image side (even)")
   args = ap.parse_args(argv)
+  if args.images:
+    return report_images(args)
 
   import jax
 
@@ -152,6 +242,26 @@ def main(argv=None):
                     "ratio": None if torch_tps is None else round(ours_tps / torch_tps, 3),
                     "matmul_gflops": round(rate / 1e9, 2),
                     "compute_bound_fraction": round(bound_frac, 4),
+                    "backend": jax.default_backend()}))
+
+
+def report_images(args):
+  import jax
+
+  ours_tps, torch_tps, compile_s, cfg = image_case(args)
+  tc, vc = cfg.text, cfg.vision
+  print(f"model: Qwen2.5-VL, text {tc.num_layers} layers D={tc.hidden_size}, vision "
+        f"{vc.depth} blocks D={vc.hidden_size}; {args.batch} prompts x {args.samples} samples, "
+        f"prompt {args.prompt_len} tokens with one {args.image_side}x{args.image_side}-patch "
+        f"image, {args.new_tokens} new tokens; backend {jax.default_backend()}")
+  print(f"{'':28s}{'tokens/s':>12s}")
+  print(f"{'dmpo_jax sampler':28s}{ours_tps:12.0f}   (first call incl. compile {compile_s:.1f} s)")
+  if torch_tps:
+    print(f"{'transformers generate':28s}{torch_tps:12.0f}")
+    print(f"{'ratio (ours / transformers)':28s}{ours_tps / torch_tps:12.2f}")
+  print(json.dumps({"case": "images", "ours_tokens_per_s": round(ours_tps, 1),
+                    "transformers_tokens_per_s": None if torch_tps is None else round(torch_tps, 1),
+                    "ratio": None if torch_tps is None else round(ours_tps / torch_tps, 3),
                     "backend": jax.default_backend()}))
 
 

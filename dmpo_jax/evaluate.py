@@ -22,6 +22,19 @@ explicitly override the protocol, and the printed line says so.
 NP-Bench counts a problem as solved when a sample's ratio is above 0; SR
 here counts feasible samples, which differs only for a feasible answer of
 value 0 on a maximisation task (an empty independent set or schedule).
+
+A vision-language policy (a Qwen2.5-VL folder, or a workdir of configs/mm_nphard.py)
+is scored on the same instances in each of --modalities (default for such a policy:
+image,blank,text): "image" draws the instance (--style image or npbench_image; the
+workdir's, else npbench_image), "blank" is the same prompt with a white image of the
+same size (the control: a policy that reads the image does worse there), "text" writes
+the instance out (compact or npbench, matching the image style). eval.json holds the
+first modality's scores plus "modalities": {name: scores}; table.txt adds one line per
+modality. Not with --npbench_file, whose records are text.
+
+    python -m dmpo_jax.evaluate --workdir=runs/mm --out=runs/mm/eval_modalities
+    python -m dmpo_jax.evaluate --hf=/models/Qwen2.5-VL-3B-Instruct --chat --level=easy \
+        --modalities=image,blank --image_size=448 --out=eval/qwen_vl
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ from flax import nnx
 from ml_collections import config_dict
 
 from dmpo_jax import checkpoint as ckpt_lib
-from dmpo_jax import evaluation, pipeline, report
+from dmpo_jax import evaluation, multimodal, pipeline, report
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import hf
 from dmpo_jax.objectives import presets
@@ -63,6 +76,11 @@ flags.DEFINE_string("compat", "strict", "verification rules: strict | npbench "
 flags.DEFINE_integer("batch_prompts", 8, "prompts per sampler call")
 flags.DEFINE_string("dtype", "float32", "compute dtype for --hf models")
 flags.DEFINE_integer("seed", 0, "sampling seed")
+flags.DEFINE_list("modalities", None, "vision-language policies: any of image,blank,text "
+                  "(default: all three)")
+flags.DEFINE_integer("image_size", None, "render size in pixels (default: the workdir's, else 448)")
+flags.DEFINE_integer("patch_budget", None, "image patches per prompt (default: the workdir's, "
+                     "else the largest image's)")
 FLAGS = flags.FLAGS
 
 
@@ -96,9 +114,12 @@ def load_policy():
   sft_opt = train_lib.make_optimizer(1.0, 2, 1, 1.0)
   params, _, _ = ck.restore(step, params, sft_opt.init(params), train_lib.model_shape(model))
   print(f"loaded {FLAGS.workdir} step {step} ({meta['stage']})")
+  image = cfg.get("image") or {}
   return graphdef, params["model"], tok, {
       "level": cfg.level, "style": cfg.prompt_style, "max_new_tokens": cfg.model.max_new_tokens,
-      "max_prompt_len": cfg.model.max_prompt_len, "chat": cfg.chat_template}
+      "max_prompt_len": cfg.model.max_prompt_len, "chat": cfg.chat_template,
+      "image_size": image.get("size"), "patch_budget": image.get("patch_budget"),
+      "modalities": (cfg.get("eval") or {}).get("modalities")}
 
 
 class FilePromptEncoder(pipeline.PromptEncoder):
@@ -148,6 +169,9 @@ def main(argv):
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   graphdef, params, tok, d = load_policy()
+  vl = hasattr(tok, "image_processor")  # a VLProcessor: a vision-language policy
+  if vl:
+    return evaluate_vlm(graphdef, params, tok, d)
   style = FLAGS.style or d.get("style", "npbench")
   level = FLAGS.level or d.get("level", "easy")
   chat = FLAGS.chat or d.get("chat", False)
@@ -197,11 +221,63 @@ def main(argv):
     for lv, r in results.items():
       name = "eval.png" if len(results) == 1 else f"eval_{lv}.png"
       report.plot_before_after(None, r, os.path.join(FLAGS.out, name))
+  write_outputs(res, table)
+
+
+def write_outputs(res: dict, table: str) -> None:
   report.write_json(res, os.path.join(FLAGS.out, "eval.json"))
   with open(os.path.join(FLAGS.out, "table.txt"), "w") as f:
     f.write(table + "\n")
   print(table)
   print(f"wrote {FLAGS.out}/eval.json, table.txt and plots")
+
+
+def evaluate_vlm(graphdef, params, processor, d: dict) -> None:
+  """--modalities of the same held-out instances for a vision-language policy."""
+  if FLAGS.npbench_file:
+    raise app.UsageError("--npbench_file holds text prompts; score a vision-language policy on "
+                         "generated instances (--tasks, --level, --num)")
+  style = FLAGS.style or d.get("style") or "npbench_image"
+  if style not in tasks_lib.IMAGE_STYLES:
+    raise app.UsageError(f"--style={style}: a vision-language policy takes an image style "
+                         f"{tasks_lib.IMAGE_STYLES} (its text counterpart is the 'text' modality)")
+  modalities = FLAGS.modalities or d.get("modalities") or multimodal.MODALITIES
+  level = FLAGS.level or d.get("level", "easy")
+  keys = tasks_lib.names() if FLAGS.tasks == "all" else FLAGS.tasks.split(",")
+  items = pipeline.TaskSet(keys, level, 0).held_out(FLAGS.num, level)
+  gts = [tasks_lib.get(k).reference_value(q) for k, q in items]
+  cache = multimodal.ImageCache(processor, FLAGS.image_size or d.get("image_size") or 448)
+  encoder = multimodal.ImagePromptEncoder(processor, style, 10**9, FLAGS.chat or d.get("chat", False),
+                                          cache=cache)
+  budget = FLAGS.patch_budget or d.get("patch_budget") or max(
+      len(encoder.images(k, q)["pixel_values"]) for k, q in items)
+  vl_cfg = nnx.merge(graphdef, params).cfg
+  scfg = sampler_lib.SamplingConfig(max_new_tokens=FLAGS.max_new_tokens or d.get("max_new_tokens", 1024),
+                                    num_samples=FLAGS.samples, temperature=FLAGS.temperature,
+                                    eos_id=processor.tokenizer.eos_token_id, pad_id=encoder.pad)
+  sample = jax.jit(lambda p, pt, pm, rng, im: sampler_lib._generate(graphdef, p, pt, pm, rng, scfg, im))
+
+  def run_eval(enc, plen, images):
+    def sample_fn(pt, pm, rng, im):
+      r = sample(params, pt, pm, rng, im)
+      return r.tokens, r.mask
+    return evaluation.evaluate(
+        sample_fn, enc, items, samples=FLAGS.samples, k=FLAGS.k,
+        pass_ks=tuple(sorted({1, FLAGS.k, FLAGS.samples})), rng=jax.random.key(FLAGS.seed),
+        batch_prompts=FLAGS.batch_prompts, prompt_len=plen,
+        reward_cfg=rewards_lib.RewardConfig(compat=FLAGS.compat), ground_truths=gts, progress=True,
+        images=images)
+
+  images_fn = lambda chunk, pt, pm, enc: multimodal.image_inputs(vl_cfg, enc, chunk, pt, pm, budget)
+  res = multimodal.evaluate_modalities(run_eval, encoder, items, modalities, images_fn,
+                                       FLAGS.max_prompt_len or d.get("max_prompt_len"))
+  print(f"render + preprocessing: {cache.ms_per_instance:.1f} ms per instance ({cache.misses} drawn, "
+        f"{cache.hits} cache hits)")
+  os.makedirs(FLAGS.out, exist_ok=True)
+  report.plot_before_after(None, res, os.path.join(FLAGS.out, "eval.png"))
+  table = (f"{evaluation.format_table(res)}\n\nthe same instances by modality (table above: "
+           f"{res['modality']}):\n{multimodal.format_modalities(res)}")
+  write_outputs(res, table)
 
 
 if __name__ == "__main__":

@@ -24,14 +24,17 @@ TABLE_METRICS = ("SR@3", "QR@3", "SR_mean", "QR_mean", "distinct", "length")
 def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int, k: int = 3,
              pass_ks=(1, 3), rng, batch_prompts: int, prompt_len: int, reward_cfg,
              ground_truths: list[float] | None = None, progress: bool = False,
-             success: str = "feasible", collapse: pipeline.Collapse | None = None) -> dict:
+             success: str = "feasible", collapse: pipeline.Collapse | None = None,
+             images=None) -> dict:
   """Score ``items`` ([(task key, question)]); returns per-task, category and overall means.
 
   success: what makes a sample count toward SR: "feasible" (ours), or "positive_ratio"
   (NP-Bench's evaluation: feasible with a quality ratio above 0, so a feasible answer of
   value 0 on a maximisation task is a failure).
   collapse: also the collapse metrics of each problem's samples against its enumerated
-  optima (strict verdicts; `collapse_scores`); NaN for tasks without enumeration."""
+  optima (strict verdicts; `collapse_scores`); NaN for tasks without enumeration.
+  images: for a vision-language policy, images(items, prompt_tokens, prompt_mask) -> the
+  chunk's image inputs, passed to sample_fn as a fourth argument."""
   if success not in SUCCESS:
     raise ValueError(f"success={success!r}; choose one of {SUCCESS}")
   problems, correct = [], []
@@ -45,7 +48,8 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
     padded = chunk + [chunk[-1]] * (batch_prompts - real)  # fixed shapes: no recompilation
     ids = [encoder.encode(key, q) for key, q in padded]
     pt, pm = pipeline.pad_left(ids, prompt_len, encoder.pad)
-    tokens, mask = sample_fn(pt, pm, jax.random.fold_in(rng, c0))
+    extra = () if images is None else (images(padded, pt, pm),)
+    tokens, mask = sample_fn(pt, pm, jax.random.fold_in(rng, c0), *extra)
     tokens, mask = dist.to_host(tokens), dist.to_host(mask)
     texts = encoder.texts(tokens, mask)
     gts = ground_truths[c0:c0 + real] if ground_truths is not None else None

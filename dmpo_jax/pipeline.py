@@ -176,7 +176,7 @@ class PromptEncoder:
   def texts(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
     """Completion rows -> the text the verifier reads."""
     out = []
-    prefix = "Answer: " if self.style == "compact" else ""
+    prefix = "Answer: " if self.style in ("compact", "image") else ""  # the prompt ends with it
     for row, m in zip(tokens, mask):
       ids = [int(t) for t, v in zip(row, m) if v and t != self.eos]
       out.append(prefix + self.tok.decode(ids, skip_special_tokens=True))

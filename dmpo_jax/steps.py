@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from dmpo_jax.models import positions
+from dmpo_jax.models import positions, qwen2_5_vl
 from dmpo_jax.models.transformer import dense
 from dmpo_jax.objectives import common, flowrl, presets
 
@@ -33,10 +33,14 @@ def sequence_inputs(prompt_mask, completion_len: int):
 
 
 def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
-                    entropy: bool = True, chunk: int | None = None) -> Callable:
+                    entropy: bool = True, chunk: int | None = None,
+                    freeze_vision: bool = True) -> Callable:
   """logprob_fn(params, seqs) -> {"logprobs", "entropy"[, "log_z"]}, shapes [..., T].
 
-  seqs: {"tokens": [..., P+T] (prompt then completion), "prompt_mask": [..., P]}.
+  seqs: {"tokens": [..., P+T] (prompt then completion), "prompt_mask": [..., P]}, and for a
+  `Qwen2_5_VL` with image prompts "images": `qwen2_5_vl.prompt_images`' arrays, one per
+  prompt (leading axis Bp; the rows, flattened, are Bp groups of adjacent samples).
+  freeze_vision: the image features get no gradient (the tower is not trained).
   chunk: completion tokens per output-projection chunk; each chunk's float32
   logits [B, chunk, V] are made, reduced to log-probs (and entropy) and
   recomputed in the backward pass, so the full [B, T, V] never exists. None:
@@ -49,11 +53,16 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
     t = n - prompt_len
     tok = tokens.reshape(-1, n)
     pm = pmask.reshape(-1, prompt_len)
-    pos, offsets = sequence_inputs(pm, t)
     model = nnx.merge(graphdef, params["model"])
-    h, _ = model.hidden(tok[:, :-1], pos[:, :-1], offsets=offsets)  # [B, P+T-1, D]
+    vl = isinstance(model, qwen2_5_vl.Qwen2_5_VL)
+    lm = model.language if vl else model
+    if seqs.get("images") is not None:
+      h = _image_hidden(model, tok, pm, seqs["images"], t, freeze_vision)
+    else:
+      pos, offsets = sequence_inputs(pm, t)
+      h, _ = lm.hidden(tok[:, :-1], pos[:, :-1], offsets=offsets)  # [B, P+T-1, D]
     c = chunk if chunk is not None else (t if jax.default_backend() == "cpu" else auto_chunk(t))
-    lp, ent = _completion_logprobs(model.unembed_weight(), h[:, prompt_len - 1:],
+    lp, ent = _completion_logprobs(lm.unembed_weight(), h[:, prompt_len - 1:],
                                    tok[:, prompt_len:], temperature, min(c, t), entropy)
     out = {"logprobs": lp.reshape(lead + (t,))}
     if entropy:
@@ -64,6 +73,27 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
     return out
 
   return fn
+
+
+def _image_hidden(model, tok, pm, images, completion_len: int, freeze_vision: bool):
+  """Hidden states [B, P+T-1, D] of rows tok [B, P+T] (Bp prompts' groups of R = B / Bp
+  adjacent rows) with the prompts' image features: the tower runs once per prompt, as in
+  the sampler, and the positions are the sampler's (`qwen2_5_vl.sequence_positions`)."""
+  bp = images["deltas"].shape[0]
+  b, n = tok.shape
+  if b % bp:
+    raise ValueError(f"{b} rows are not groups of the images' {bp} prompts")
+  feats = qwen2_5_vl.image_features(model, images["pixel_values"], images["layout"])
+  if freeze_vision:
+    feats = jax.lax.stop_gradient(feats)
+  embeds = qwen2_5_vl.embed_rows(model, tok.reshape(bp, b // bp, n)[..., :-1], feats,
+                                 pm.shape[-1])
+  offsets = positions.left_pad_offsets(pm)  # [B]
+  pos = qwen2_5_vl.sequence_positions(images["positions"], images["deltas"],
+                                      offsets.reshape(bp, -1)[:, 0], completion_len, b // bp)
+  h, _ = model.language.hidden(tok[:, :-1], pos[..., :-1], offsets=offsets,
+                               embeds=embeds.reshape(b, n - 1, -1))
+  return h
 
 
 def auto_chunk(t: int, target: int = 128) -> int:
@@ -97,12 +127,26 @@ def _all_finite(tree):
   return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def _guarded_update(opt, loss, grads, params, opt_state):
-  """Apply the update only if the loss, the gradients and the new params are all finite."""
+def _is_vision(path) -> bool:
+  """Whether a params leaf (path from tree_flatten_with_path) is in the vision tower."""
+  return len(path) > 1 and getattr(path[0], "key", None) == "model" and \
+      getattr(path[1], "key", None) == "visual"
+
+
+def _guarded_update(opt, loss, grads, params, opt_state, freeze_vision: bool = False):
+  """Apply the update only if the loss, the gradients and the new params are all finite.
+  freeze_vision: the vision tower's params stay exactly as they were (whatever the
+  optimizer's weight decay), their gradients zero."""
+  if freeze_vision:
+    grads = jax.tree_util.tree_map_with_path(
+        lambda path, g: jnp.zeros_like(g) if _is_vision(path) else g, grads)
   finite = jnp.isfinite(loss) & _all_finite(grads)
   safe = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
   updates, new_state = opt.update(safe, opt_state, params)
   new_params = optax.apply_updates(params, updates)
+  if freeze_vision:
+    new_params = jax.tree_util.tree_map_with_path(
+        lambda path, new, old: old if _is_vision(path) else new, new_params, params)
   finite = finite & _all_finite(new_params)
   keep = lambda new, old: jnp.where(finite, new, old)
   return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state),
@@ -130,8 +174,14 @@ def accumulate(value_and_grad, params, batch, micro_batches: int):
 
 def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: int,
                  temperature: float, *, shardings=None, chunk: int | None = None,
-                 micro_batches: int = 1, term_grads: bool = False):
+                 micro_batches: int = 1, term_grads: bool = False, freeze_vision: bool = True):
   """(params, opt_state, batch) -> (params, opt_state, metrics).
+
+  Image prompts: batch["seqs"]["images"] (see `make_logprob_fn`); the log-probs are
+  recomputed with the image features. freeze_vision (default True): the features get no
+  gradient and the vision tower's params stay bit-identical, so the sampler's features
+  are exactly the ones the update uses; False trains the tower too (its features are
+  recomputed, with gradients, in every update).
 
   term_grads: also log the global norms of the gradients of the policy-gradient term
   ("pg_grad_norm", of metrics["pg_loss"]) and of the regulariser as weighted in the loss
@@ -140,7 +190,8 @@ def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: in
   gradient is 0, e.g. policy_loss="none"). Cost: one forward and three backward passes
   (`term_gradients`) instead of one of each, and two more gradient-sized buffers (summed over
   micro-batches, so the norms are those of the whole batch's gradients)."""
-  logprob_fn = make_logprob_fn(graphdef, prompt_len, temperature=temperature, chunk=chunk)
+  logprob_fn = make_logprob_fn(graphdef, prompt_len, temperature=temperature, chunk=chunk,
+                               freeze_vision=freeze_vision)
   loss_fn = presets.build_loss(obj_cfg, logprob_fn, reg_loss=term_grads)
   vg = term_gradients(loss_fn) if term_grads else jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -152,7 +203,8 @@ def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: in
       pg, reg = optax.tree.norm(g_pg), optax.tree.norm(g_reg)
       metrics = dict(metrics, pg_grad_norm=pg, reg_grad_norm=reg,
                      grad_ratio=jnp.where(pg > 0, reg / jnp.where(pg > 0, pg, 1.0), jnp.nan))
-    params, opt_state, skipped, gnorm = _guarded_update(opt, loss, grads, params, opt_state)
+    params, opt_state, skipped, gnorm = _guarded_update(opt, loss, grads, params, opt_state,
+                                                        freeze_vision)
     metrics = dict(metrics, skipped=skipped, grad_norm=gnorm)
     return params, opt_state, metrics
 
@@ -177,9 +229,10 @@ def term_gradients(loss_fn):
   return vg
 
 
-def make_sft_step(graphdef, opt, prompt_len: int, *, shardings=None):
-  """Cross-entropy on the answer tokens (completion mask), token mean."""
-  logprob_fn = make_logprob_fn(graphdef, prompt_len, entropy=False)
+def make_sft_step(graphdef, opt, prompt_len: int, *, shardings=None, freeze_vision: bool = True):
+  """Cross-entropy on the answer tokens (completion mask), token mean. Image prompts and
+  freeze_vision as in `make_rl_step`."""
+  logprob_fn = make_logprob_fn(graphdef, prompt_len, entropy=False, freeze_vision=freeze_vision)
 
   def step(params, opt_state, batch):
     TRACES["sft_update"] += 1
@@ -190,7 +243,8 @@ def make_sft_step(graphdef, opt, prompt_len: int, *, shardings=None):
       return -jnp.sum(lp * m) / jnp.maximum(jnp.sum(m), 1.0)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
-    params, opt_state, skipped, gnorm = _guarded_update(opt, loss, grads, params, opt_state)
+    params, opt_state, skipped, gnorm = _guarded_update(opt, loss, grads, params, opt_state,
+                                                        freeze_vision)
     return params, opt_state, {"loss": loss, "skipped": skipped, "grad_norm": gnorm}
 
   return _jit(step, shardings)

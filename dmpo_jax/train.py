@@ -36,7 +36,7 @@ from ml_collections import config_flags
 
 from dmpo_jax import checkpoint as ckpt_lib
 from dmpo_jax import distributed as dist
-from dmpo_jax import evaluation, pipeline, report, sharding, steps
+from dmpo_jax import evaluation, multimodal, pipeline, report, sharding, steps
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import hf, tokenizer as tok_lib
 from dmpo_jax.models.config import ModelConfig
@@ -137,6 +137,10 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
     raise ValueError(f"config.dph.weighting={cfg.dph.weighting!r}; choose 'separate' or 'per_sample'")
   if cfg.dph.correct not in ("feasible", "optimal"):
     raise ValueError(f"config.dph.correct={cfg.dph.correct!r}; choose 'feasible' or 'optimal'")
+  if cfg.prompt_style in tasks_lib.IMAGE_STYLES and presets.needs_dph_store(obj):
+    raise ValueError(f"config.rl.algo={cfg.rl.algo!r}: DPH pre-sampling does not store image "
+                     "prompts yet; use a non-dph preset with config.prompt_style="
+                     f"{cfg.prompt_style!r}")
   targets = cfg.sft.get("targets", "sampled")
   if targets not in SFT_TARGETS:
     raise ValueError(f"config.sft.targets={targets!r}; choose one of {SFT_TARGETS}")
@@ -152,8 +156,12 @@ def task_keys(cfg) -> list[str]:
 
 
 def build_model(cfg):
-  """(model, tokenizer) from scratch (task tokenizer) or from a local HF folder."""
+  """(model, tokenizer) from scratch (task tokenizer) or from a local HF folder. A
+  vision-language model (config.model.vision from scratch, a Qwen2.5-VL folder) comes with
+  its processor (`VLProcessor`) in place of the tokenizer."""
   m = cfg.model
+  if m.init == "scratch" and m.get("vision"):
+    return multimodal.build_vlm(cfg)
   if m.init == "scratch":
     tok = tok_lib.load(m.tokenizer) if m.tokenizer else tok_lib.build()
     vocab = -(-len(tok) // 8) * 8
@@ -166,17 +174,19 @@ def build_model(cfg):
     from dmpo_jax.models.transformer import Transformer
     return Transformer(mcfg, rngs=nnx.Rngs(cfg.seed)), tok
   model, tok = hf.load(m.init, dtype=m.dtype, param_dtype=m.param_dtype)
-  if m.tokenizer:
+  if m.tokenizer and not multimodal.is_vlm(model):
     tok = tok_lib.load(m.tokenizer)
   if tok is None:
     raise ValueError(f"config.model.init={m.init!r} has no tokenizer files; set config.model.tokenizer")
-  if m.remat:
+  if m.remat and multimodal.is_vlm(model):
+    model.language.cfg = model.language.cfg.replace(remat=True)
+  elif m.remat:
     model.cfg = model.cfg.replace(remat=True)  # read when the forward is traced
   return model, tok
 
 
 def model_shape(model) -> dict:
-  c = model.cfg
+  c = model.cfg.text if multimodal.is_vlm(model) else model.cfg
   return {k: getattr(c, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                                      "num_heads", "num_kv_heads", "head_dim")}
 
@@ -202,6 +212,8 @@ class Run:
   sft_opt: Any
   rl_opt: Any
   ckpt: ckpt_lib.Checkpointer
+  vl_cfg: Any = None   # a vision-language policy's VLConfig (None: a text model)
+  processor: Any = None  # its VLProcessor (saved with the HF export)
   writer: Any = None
   progress: Any = None
   times: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
@@ -227,6 +239,22 @@ class Run:
 
   def sampler(self, scfg):
     return make_sampler(self.graphdef, scfg, self.p_sh, self.data_sh, self.rep)
+
+  def vision_opts(self, stage: str) -> dict:
+    """The step's vision-tower option: config.<stage>.freeze_vision (default True: the
+    tower is not trained); nothing for a text model."""
+    if self.vl_cfg is None:
+      return {}
+    return {"freeze_vision": bool(self.cfg[stage].get("freeze_vision", True))}
+
+  def images(self, items, prompt_tokens, prompt_mask, encoder=None):
+    """A vision-language policy's image inputs of padded prompts (`qwen2_5_vl.prompt_images`;
+    None entries for a text encoder's prompts), at config.image.patch_budget; None for a
+    text model."""
+    if self.vl_cfg is None:
+      return None
+    return multimodal.image_inputs(self.vl_cfg, encoder or self.encoder, items, prompt_tokens,
+                                   prompt_mask, self.cfg.image.patch_budget)
 
   def timed(self, name: str, fn, *args):
     t0 = time.time()
@@ -268,12 +296,17 @@ class Run:
       self._eval = (self.sampler(self.sampling_config(cfg.eval.samples, cfg.eval.temperature)),
                     items, [tasks_lib.get(k).reference_value(q) for k, q in items])
     sampler, items, ground_truths = self._eval
-    res = evaluation.evaluate(
-        lambda pt, pm, rng: sampler(state.params, pt, pm, rng)[:2], self.encoder, items,
+    run = lambda encoder, prompt_len, images: evaluation.evaluate(
+        lambda pt, pm, rng, *im: sampler(state.params, pt, pm, rng, *im)[:2], encoder, items,
         samples=cfg.eval.samples, k=cfg.eval.k, pass_ks=tuple(cfg.eval.pass_ks),
-        rng=state.eval_key(), batch_prompts=cfg.eval.batch_prompts, prompt_len=self.prompt_len,
+        rng=state.eval_key(), batch_prompts=cfg.eval.batch_prompts, prompt_len=prompt_len,
         reward_cfg=self.reward_cfg, ground_truths=ground_truths, progress=cfg.log.progress,
-        collapse=self.taskset.collapse)
+        collapse=self.taskset.collapse, images=images)
+    if self.vl_cfg is None:
+      res = run(self.encoder, self.prompt_len, None)
+    else:  # every modality on the same instances; the first one is the run's result
+      res = multimodal.evaluate_modalities(run, self.encoder, items, cfg.eval.get(
+          "modalities", multimodal.default_modalities(self.encoder)), self.images, self.prompt_len)
     if dist.is_main():
       report.write_json(res, path)
     return res
@@ -302,12 +335,14 @@ def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
     report.write_json(json.loads(cfg.to_json_best_effort()), os.path.join(workdir, "config.json"))
 
   model, tok = build_model(cfg)
-  encoder = pipeline.PromptEncoder(tok, cfg.prompt_style, cfg.model.max_prompt_len, cfg.chat_template)
+  processor, vl_cfg = (tok, model.cfg) if multimodal.is_vlm(model) else (None, None)
+  encoder = multimodal.make_run_encoder(cfg, tok, processor)
+  tok = encoder.tok
   graphdef, model_state = nnx.split(model)
   params = {"model": model_state}
   if presets.needs_log_z(obj):
     params["log_z"] = flowrl.init_log_z_head(jax.random.key(cfg.seed + LOG_Z_SEED_OFFSET),
-                                             model.cfg.hidden_size)
+                                             model_shape(model)["hidden_size"])
   rep = sharding.replicated(mesh)
   p_sh = {"model": sharding.param_shardings(model_state, mesh)}
   if "log_z" in params:
@@ -319,7 +354,8 @@ def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
             o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
             sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0),
             rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 1, cfg.rl.max_grad_norm),
-            ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep))
+            ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep),
+            vl_cfg=vl_cfg, processor=processor)
   opt_state = run.init_opt(run.sft_opt if cfg.sft.steps else run.rl_opt, params)
   run.o_sh = jax.tree.map(lambda x: x.sharding, opt_state)
   state = TrainState(params=params, opt_state=opt_state, step=0, key=jax.random.key(cfg.seed))
@@ -349,11 +385,16 @@ def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   cfg = run.cfg
   if state.step >= cfg.sft.steps:
     return state, False
-  sft_step = steps.make_sft_step(run.graphdef, run.sft_opt, run.prompt_len,
+  sft_step = steps.make_sft_step(run.graphdef, run.sft_opt, run.prompt_len, **run.vision_opts("sft"),
                                  shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep))
+  prefetch = multimodal.Prefetch(run.encoder)  # image prompts: the next step's renders
   while state.step < cfg.sft.steps:
     t0 = time.time()
+    prefetch.wait()
     batch = sft_batch(run, state.step)
+    if state.step + 1 < cfg.sft.steps:
+      n = cfg.sft.batch_size // cfg.sft.solutions_per_instance
+      prefetch.warm(lambda s=state.step + 1: run.taskset.train("sft", s, n))
     state, m = update(state, dist.tree_to_global(batch, run.data_sh), sft_step)
     run.times["sft"] += time.time() - t0
     run.log(state, "sft", {"loss": m["loss"], "grad_norm": m["grad_norm"]}, cfg.sft.steps,
@@ -361,7 +402,9 @@ def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     if state.step % cfg.checkpoint.every == 0 or state.step == cfg.sft.steps:
       run.save(state, "sft")
     if run.maybe_stop(state, "sft", stop):
+      prefetch.close()
       return state, True
+  prefetch.close()
   return state, False
 
 
@@ -374,7 +417,8 @@ def sft_batch(run: Run, step: int) -> dict:
   optimal = cfg.sft.get("targets", "sampled") == "optimal"
   c = run.taskset.collapse or pipeline.Collapse()
   prompts, answers = [], []
-  for key, q in run.taskset.train("sft", step, cfg.sft.batch_size // per):
+  items = run.taskset.train("sft", step, cfg.sft.batch_size // per)
+  for key, q in items:
     task = tasks_lib.get(key)
     sols = (task.sample_optimal_solutions(q, per, seed=step, limit=c.limit, time_limit=c.time_limit)
             if optimal else task.sample_solutions(q, per, seed=step))
@@ -388,7 +432,13 @@ def sft_batch(run: Run, step: int) -> dict:
       answers.append(run.encoder.answer_ids(key, s))
   pt, pm = pipeline.pad_left(prompts, run.prompt_len, run.encoder.pad)
   at, am = pipeline.pad_right(answers, run.completion_len, run.encoder.pad)
-  return {"seqs": {"tokens": np.concatenate([pt, at], 1), "prompt_mask": pm}, "mask": am}
+  seqs = {"tokens": np.concatenate([pt, at], 1), "prompt_mask": pm}
+  if run.vl_cfg is not None:
+    # One image input per instance (the tower once for its `per` adjacent rows) when the
+    # instances split over the mesh's batch rows, else one per row.
+    g = per if len(items) % sharding.batch_rows(run.mesh) == 0 else 1
+    seqs["images"] = run.images([it for it in items for _ in range(per // g)], pt[::g], pm[::g])
+  return {"seqs": seqs, "mask": am}
 
 
 # ---------------------------------------------------------------------------
@@ -410,7 +460,8 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   rl_update, rl_update_terms = (
       steps.make_rl_step(run.graphdef, obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
                          shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep),
-                         micro_batches=micro_batches(cfg, obj, run.mesh), term_grads=terms)
+                         micro_batches=micro_batches(cfg, obj, run.mesh), term_grads=terms,
+                         **run.vision_opts("rl"))
       for terms in (False, True))
   if presets.needs_reference(obj):
     state = dataclasses.replace(state, reference=reference_policy(run.ckpt, state, cfg.sft.steps))
@@ -418,17 +469,22 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   ref_fn = (lambda seqs: logprob_eval(reference, seqs)) if reference is not None else None
   consecutive, first_rl = 0, state.step
   traces0 = {k: steps.TRACES[k] for k in ("rl_update", "rl_update_terms")}
+  prefetch = multimodal.Prefetch(run.encoder)  # image prompts: the next step's renders
   while state.step < total:
     t0 = time.time()
+    prefetch.wait()
     rl_step = state.step - cfg.sft.steps
     items = dph.rl_items(store, run.taskset, rl_step, cfg.rl.prompts_per_step)
     rollouts = collect_rollouts(
         rl_sampler, state.params, items, run.encoder, key=state.rl_key(),
         group_size=cfg.rl.group_size, chunks=cfg.rl.rollout_chunks, reward_cfg=run.reward_cfg,
         objective=obj, prompt_len=run.prompt_len, completion_len=run.completion_len,
-        data_sh=run.data_sh, ref_fn=ref_fn, collapse=run.taskset.collapse)
+        data_sh=run.data_sh, ref_fn=ref_fn, collapse=run.taskset.collapse,
+        **({} if run.vl_cfg is None else {"images": lambda pt, pm: run.images(items, pt, pm)}))
     batch = rollouts.batch(run.data_sh)
     batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch), run.data_sh))
+    if state.step + 1 < total:
+      prefetch.warm(lambda s=rl_step + 1: dph.rl_items(store, run.taskset, s, cfg.rl.prompts_per_step))
     t2 = time.time()
     state, m = update(state, batch, rl_update_terms if every and rl_step % every == 0 else rl_update)
     update_s = time.time() - t2
@@ -452,7 +508,9 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     if state.step % cfg.checkpoint.every == 0 or state.step == total:
       run.save(state, "rl")
     if run.maybe_stop(state, "rl", stop):
+      prefetch.close()
       return state, True
+  prefetch.close()
   return state, False
 
 
@@ -500,6 +558,8 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
              "steps": {"sft": cfg.sft.steps, "rl": cfg.rl.steps}, "algo": cfg.rl.algo,
              "seed": cfg.seed, "nonfinite_steps": state.counters["nonfinite_total"],
              "wall_s": time.time() - t_start}
+  if "modalities" in after:  # a vision-language policy: every modality, before and after RL
+    results["modalities"] = {"before": before.get("modalities"), "after": after["modalities"]}
   export = dist.tree_to_host(state.params["model"]) if cfg.checkpoint.export_hf else None  # all processes
   if dist.is_main():  # files are written once
     report.write_json(results, os.path.join(run.workdir, "results.json"))
@@ -507,13 +567,18 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
       report.plot_training(report.read_metrics(run.writer.path), os.path.join(run.workdir, "training.png"))
       report.plot_before_after(before, after, os.path.join(run.workdir, "before_after.png"))
     if export is not None:
-      hf.save(nnx.merge(run.graphdef, export), run.tok, os.path.join(run.workdir, "hf"))
+      hf.save(nnx.merge(run.graphdef, export), run.processor or run.tok,
+              os.path.join(run.workdir, "hf"))
   run.ckpt.close()
   if not dist.is_main():
     return results
   print(f"\n{cfg.rl.algo}, seed {cfg.seed}: before RL -> after RL (held-out {cfg.level} instances, "
         f"{cfg.eval.samples} samples at T={cfg.eval.temperature})")
   print(table)
+  if "modalities" in after:
+    print(f"\nafter RL, the same instances by modality (table above: {after['modality']}; "
+          "blank = the image replaced by a white one):")
+    print(multimodal.format_modalities(after))
   print("time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in run.times.items()) +
         f"; outputs in {run.workdir}")
   return results

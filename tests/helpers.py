@@ -60,3 +60,61 @@ def tiny_model(seed=0, scale=None, **kw):
 def random_prompts(n, lo, hi, vocab, seed=0):
   rs = np.random.RandomState(seed)
   return [list(rs.randint(3, vocab, rs.randint(lo, hi + 1))) for _ in range(n)]
+
+
+# --- a tiny Qwen2.5-VL ----------------------------------------------------------------------
+
+START, IMAGE, END = 7, 8, 9  # the tiny tokenizer's <|vision_start|>, <|image_pad|>, <|vision_end|>
+
+
+def tiny_vl_hf_config():
+  from transformers import Qwen2_5_VLConfig
+
+  # window_size 56 = 2 merged tokens a side: each image is cut into several windows (one of
+  # them partial); vision block 1 attends over the whole image, blocks 0 and 2 in windows.
+  vc = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, in_channels=3,
+            patch_size=14, temporal_patch_size=2, spatial_merge_size=2, window_size=56,
+            out_hidden_size=40, fullatt_block_indexes=[1])
+  tc = dict(vocab_size=101, hidden_size=40, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=1,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "mrope_section": [2, 1, 2]})
+  return Qwen2_5_VLConfig(vision_config=vc, text_config=tc, image_token_id=IMAGE,
+                          video_token_id=100, vision_start_token_id=START,
+                          vision_end_token_id=END)
+
+
+def save_tiny_vl_processor(path, vision_cfg):
+  """A word-level tokenizer with the vision special tokens, and an image processor of at
+  most 16 merged patches per image."""
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  from transformers import PreTrainedTokenizerFast
+
+  from dmpo_jax.models.vl_processor import VLProcessor, build_image_processor
+
+  words = ["<pad>", "<unk>", "describe", "the", "graph", "answer", ":"]
+  tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>")
+  fast.add_special_tokens({"additional_special_tokens": ["<|vision_start|>", "<|image_pad|>",
+                                                        "<|vision_end|>"]})
+  ip = build_image_processor(vision_cfg, min_pixels=28 * 28, max_pixels=28 * 28 * 16)
+  VLProcessor(fast, ip).save_pretrained(path)
+
+
+def tiny_vl_folder(path, seed=0):
+  """A random tiny transformers Qwen2.5-VL (weights perturbed so every tensor matters) saved
+  to `path` with a tokenizer and image processor; returns the torch model."""
+  import json
+  import os
+
+  import torch
+  from transformers import Qwen2_5_VLForConditionalGeneration
+
+  from dmpo_jax.models import vision
+
+  torch.manual_seed(seed)
+  model = perturb_and_save(Qwen2_5_VLForConditionalGeneration(tiny_vl_hf_config()), path)
+  with open(os.path.join(path, "config.json")) as f:
+    save_tiny_vl_processor(path, vision.vision_config_from_hf(json.load(f)))
+  return model

@@ -12,62 +12,20 @@ from flax import nnx
 
 from dmpo_jax.models import hf, qwen2_5_vl, vision
 from dmpo_jax.models.hf import CheckpointError
-from dmpo_jax.models.vl_processor import VLProcessor, build_image_processor
+from dmpo_jax.models.vl_processor import VLProcessor
+from tests.helpers import END, IMAGE, START, tiny_vl_folder
 
-START, IMAGE, END = 7, 8, 9  # the tiny tokenizer's <|vision_start|>, <|image_pad|>, <|vision_end|>
 GRIDS = np.array([[1, 4, 6], [1, 8, 8]])  # 24 + 64 patches; 6 + 16 merged tokens
 BUDGET = 100  # patches per call (the images of a batch take at most 88)
 LENGTH = 24  # slots per row
 
 
-def _tiny_hf_config():
-  from transformers import Qwen2_5_VLConfig
-
-  # window_size 56 = 2 merged tokens a side: each image is cut into several windows (one of
-  # them partial); vision block 1 attends over the whole image, blocks 0 and 2 in windows.
-  vc = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, in_channels=3,
-            patch_size=14, temporal_patch_size=2, spatial_merge_size=2, window_size=56,
-            out_hidden_size=40, fullatt_block_indexes=[1])
-  tc = dict(vocab_size=101, hidden_size=40, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=1,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                             "mrope_section": [2, 1, 2]})
-  return Qwen2_5_VLConfig(vision_config=vc, text_config=tc, image_token_id=IMAGE,
-                          video_token_id=100, vision_start_token_id=START,
-                          vision_end_token_id=END)
-
-
-def _save_processor(path, vision_cfg):
-  from tokenizers import Tokenizer, models, pre_tokenizers
-  from transformers import PreTrainedTokenizerFast
-
-  words = ["<pad>", "<unk>", "describe", "the", "graph", "answer", ":"]
-  tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-  fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>")
-  fast.add_special_tokens({"additional_special_tokens": ["<|vision_start|>", "<|image_pad|>",
-                                                        "<|vision_end|>"]})
-  ip = build_image_processor(vision_cfg, min_pixels=28 * 28, max_pixels=28 * 28 * 16)
-  VLProcessor(fast, ip).save_pretrained(path)
-
-
 @pytest.fixture(scope="module")
 def hf_vl(tmp_path_factory):
-  """A random tiny transformers Qwen2.5-VL (weights perturbed so every tensor matters), saved
-  with a tokenizer and image processor; returns (torch model, folder)."""
-  import torch
-  from transformers import Qwen2_5_VLForConditionalGeneration
-
-  torch.manual_seed(0)
-  model = Qwen2_5_VLForConditionalGeneration(_tiny_hf_config()).eval()
-  with torch.no_grad():
-    for p in model.parameters():
-      p.add_(torch.randn_like(p) * 0.05)
+  """A random tiny transformers Qwen2.5-VL saved with a tokenizer and image processor;
+  returns (torch model, folder)."""
   path = str(tmp_path_factory.mktemp("tiny_vl"))
-  model.save_pretrained(path)
-  with open(os.path.join(path, "config.json")) as f:
-    _save_processor(path, vision.vision_config_from_hf(json.load(f)))
-  return model, path
+  return tiny_vl_folder(path), path
 
 
 def _batch(grids, seed):
@@ -234,6 +192,28 @@ def test_load_both_layouts_and_refuse_bad_checkpoints(hf_vl, tmp_path):
     g.write(f.read())
   with pytest.raises(CheckpointError, match="preprocessor_config.json is missing"):
     hf.load(broken)
+  # An image processor without a tokenizer; one whose merge size the tower does not use.
+  os.remove(os.path.join(broken, "tokenizer.json"))
+  with open(os.path.join(path, "preprocessor_config.json")) as f:
+    processor_cfg = json.load(f)
+  with open(os.path.join(broken, "preprocessor_config.json"), "w") as f:
+    json.dump(processor_cfg, f)
+  with pytest.raises(CheckpointError, match="no tokenizer file"):
+    hf.load(broken)
+  for name in os.listdir(path):
+    if name.startswith(("tokenizer", "special_tokens")):
+      with open(os.path.join(path, name)) as f, open(os.path.join(broken, name), "w") as g:
+        g.write(f.read())
+  with open(os.path.join(broken, "preprocessor_config.json"), "w") as f:
+    json.dump(dict(processor_cfg, merge_size=4), f)
+  with pytest.raises(ValueError, match=r"vision_config\.spatial_merge_size=2 differs.*merge_size=4"):
+    hf.load(broken)
+  # A Qwen2-VL checkpoint: its vision tower (LayerNorm, no windows) is another architecture.
+  qwen2_vl = dict(nested, vision_config=dict(nested["vision_config"], model_type="qwen2_vl",
+                                             embed_dim=32, mlp_ratio=4))
+  _write(str(tmp_path / "qwen2_vl"), qwen2_vl, tensors)
+  with pytest.raises(CheckpointError, match=r"vision_config\.model_type='qwen2_vl'"):
+    hf.load(str(tmp_path / "qwen2_vl"))
 
 
 def test_prepare_refuses_mismatched_images(hf_vl):

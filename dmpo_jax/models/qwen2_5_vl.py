@@ -21,6 +21,7 @@ import json
 import os
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -117,6 +118,107 @@ class Qwen2_5_VL(nnx.Module):
     embeds = self.embed(tokens, pixel_values, layout)
     x, _ = self.language.hidden(tokens, jnp.asarray(positions), offsets=offsets, embeds=embeds)
     return self.language.unembed(x)
+
+
+# --- per-prompt images: the sampler's and the update's inputs ---------------------------------
+
+
+def prompt_images(cfg: VLConfig, prompt_tokens, prompt_mask, images,
+                  patch_budget: int | None = None) -> dict[str, Any]:
+  """Host-side (numpy) image inputs of Bp left-padded prompts [Bp, P], one patch budget N
+  per prompt (each prompt's images packed on their own, so the tower's attention is
+  O(Bp N^2), not O((Bp N)^2)).
+
+  images: per prompt {"pixel_values": [patches, C], "image_grid_thw": [I, 3]} (as the image
+  processor returns them; numpy or jax) or None (text only). patch_budget: N, a multiple
+  of spatial_merge_size ** 2 (default: the largest image set's patches). Returns, every
+  array with the prompt axis first (slicing prompts slices them all):
+  "pixel_values" [Bp, N, C] float32 (zero past the images), "layout" (`vision_layout`'s
+  arrays, each [Bp, ...]), "positions" [Bp, 3, P] (`mrope.rope_index`) and "deltas" [Bp]
+  (a later token k of a prompt, counting its unpadded tokens from 0, has position
+  k + delta in all three streams). Errors name the prompt and `patch_budget`."""
+  ids, mask = np.asarray(prompt_tokens), np.asarray(prompt_mask)
+  if ids.ndim != 2 or mask.shape != ids.shape:
+    raise ValueError(f"prompt_tokens {ids.shape} and prompt_mask {mask.shape} must both be [Bp, P]")
+  if len(images) != ids.shape[0]:
+    raise ValueError(f"images has {len(images)} entries for {ids.shape[0]} prompts (one dict "
+                     "or None per prompt)")
+  vc = cfg.vision
+  u, m = vc.merge_unit, vc.spatial_merge_size
+  grids, pixels = [], []
+  for i, item in enumerate(images):
+    if item is None:
+      g, px = np.zeros((0, 3), np.int64), np.zeros((0, vc.patch_dim), np.float32)
+    else:
+      missing = {"pixel_values", "image_grid_thw"} - set(item)
+      if missing:
+        raise ValueError(f"images[{i}] lacks {sorted(missing)}")
+      g = np.asarray(item["image_grid_thw"], np.int64).reshape(-1, 3)
+      px = np.asarray(item["pixel_values"], np.float32)
+      if px.shape != (vision.num_patches(g), vc.patch_dim):
+        raise ValueError(f"images[{i}].pixel_values has shape {px.shape}; image_grid_thw "
+                         f"{g.tolist()} and the vision config give "
+                         f"({vision.num_patches(g)}, {vc.patch_dim})")
+    have = int(((ids[i] == cfg.image_token_id) & (mask[i] > 0)).sum())
+    if have != vision.num_patches(g) // u:
+      raise ValueError(f"prompt {i} holds {have} image-pad tokens (id {cfg.image_token_id}) but "
+                       f"its image_grid_thw {g.tolist()} gives {vision.num_patches(g) // u} "
+                       "merged patches")
+    grids.append(g)
+    pixels.append(px)
+  need = max(vision.num_patches(g) for g in grids)
+  budget = max(need, u) if patch_budget is None else int(patch_budget)
+  if budget <= 0 or budget % u:
+    raise ValueError(f"patch_budget={budget} must be a positive multiple of "
+                     f"spatial_merge_size ** 2 = {u}")
+  for i, g in enumerate(grids):
+    if vision.num_patches(g) > budget:
+      raise ValueError(f"prompt {i}'s images need {vision.num_patches(g)} patches "
+                       f"(image_grid_thw {g.tolist()}), more than patch_budget={budget}")
+  positions, deltas = mrope.rope_index(ids, np.concatenate(grids), attention_mask=mask,
+                                       image_token_id=cfg.image_token_id, spatial_merge_size=m)
+  # A prompt without images runs the tower on one dummy merged token that nothing reads.
+  layouts = [vision.vision_layout(g if len(g) else [[1, m, m]], vc, budget) for g in grids]
+  padded = np.zeros((len(grids), budget, vc.patch_dim), np.float32)
+  for i, px in enumerate(pixels):
+    padded[i, :len(px)] = px
+  return {"pixel_values": padded,
+          "layout": {k: np.stack([lay[k] for lay in layouts]) for k in layouts[0]},
+          "positions": positions.transpose(1, 0, 2), "deltas": deltas}
+
+
+def image_features(model: Qwen2_5_VL, pixel_values, layout):
+  """The tower once per prompt: pixel_values [Bp, N, C], layout arrays [Bp, ...] ->
+  merged features [Bp, N / 4, E] in the language model's compute dtype."""
+  feats = jax.vmap(model.visual)(pixel_values, layout)
+  return feats.astype(as_dtype(model.cfg.text.dtype))
+
+
+def embed_rows(model: Qwen2_5_VL, tokens, feats, prompt_len: int | None = None):
+  """Input embeddings [Bp, R, L, E] of R rows per prompt (tokens [Bp, R, L]) that share the
+  prompt's features [Bp, M, E]: the k-th image-pad token of a row takes feature k. Only the
+  first `prompt_len` slots (default all) hold images: an image-pad token the policy
+  generated is text, as it was when the sampler decoded it."""
+  text = jnp.take(model.language.embed[...], tokens, axis=0).astype(feats.dtype)
+  is_img = tokens == model.cfg.image_token_id
+  if prompt_len is not None:
+    is_img = is_img & (jnp.arange(tokens.shape[-1]) < prompt_len)
+  k = jnp.clip(jnp.cumsum(is_img, axis=-1) - 1, 0, feats.shape[1] - 1)  # [Bp, R, L]
+  picked = jax.vmap(lambda f, i: jnp.take(f, i, axis=0))(feats, k)  # [Bp, R, L, E]
+  return jnp.where(is_img[..., None], picked, text)
+
+
+def sequence_positions(prompt_positions, deltas, offsets, completion_len: int, rows: int = 1):
+  """Positions [3, Bp * rows, P + T] of prompts (prompt_positions [Bp, 3, P], deltas [Bp],
+  left-pad offsets [Bp]) followed by T completion slots, each prompt repeated for `rows`
+  adjacent rows: completion slot t (slot P + t) has position P + t - offset + delta."""
+  p = prompt_positions.shape[-1]
+  t = jnp.arange(p, p + completion_len, dtype=jnp.int32)
+  after = t[None, :] - offsets[:, None] + deltas[:, None]  # [Bp, T]
+  full = jnp.concatenate([prompt_positions.astype(jnp.int32),
+                          jnp.broadcast_to(after[:, None], (after.shape[0], 3, completion_len))],
+                         axis=-1)  # [Bp, 3, P + T]
+  return jnp.repeat(full, rows, axis=0).transpose(1, 0, 2)
 
 
 # --- checkpoints --------------------------------------------------------------------------------

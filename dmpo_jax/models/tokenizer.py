@@ -16,6 +16,9 @@ import string
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]
+# Vision-language models from scratch (`build(vision=True)`): Qwen2.5-VL's image markers,
+# appended after the text vocabulary so text models keep their ids.
+VISION_SPECIALS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
 
 # Whole-word tokens: task names and the words of the compact prompts.
 WORDS = [
@@ -31,8 +34,9 @@ def _vocab() -> list[str]:
   return SPECIALS + chars + words
 
 
-def build(path: str | None = None):
-  """The task tokenizer as a transformers PreTrainedTokenizerFast; saved to `path` if given."""
+def build(path: str | None = None, *, vision: bool = False):
+  """The task tokenizer as a transformers PreTrainedTokenizerFast; saved to `path` if given.
+  vision: also the image markers of VISION_SPECIALS (one token each, never split)."""
   from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
 
@@ -45,6 +49,8 @@ def build(path: str | None = None):
   tok.decoder = decoders.Fuse()
   fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS,
                                  eos_token=EOS, unk_token=UNK)
+  if vision:
+    fast.add_special_tokens({"additional_special_tokens": VISION_SPECIALS})
   if path is not None:
     os.makedirs(path, exist_ok=True)
     fast.save_pretrained(path)

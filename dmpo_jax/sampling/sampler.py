@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from dmpo_jax.models import positions
+from dmpo_jax.models import positions, qwen2_5_vl
 
 
 @struct.dataclass
@@ -129,9 +129,11 @@ def _sample_token(logits, rng, cfg: SamplingConfig):
   return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
 
 
-def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig):
+def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig,
+              images=None):
   """Pure: (params, left-padded prompts [Bp, P], mask [Bp, P], rng) -> Rollout [B, T] with
-  B = Bp * cfg.num_samples rows, the samples of one prompt adjacent."""
+  B = Bp * cfg.num_samples rows, the samples of one prompt adjacent. images: None for a
+  text model; for a `Qwen2_5_VL`, `qwen2_5_vl.prompt_images`' arrays (prompt axis first)."""
   model = nnx.merge(graphdef, params)
   bp, p = prompt_tokens.shape
   r = cfg.num_samples
@@ -142,12 +144,27 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
   # Prefill: all P prompt slots at once, once per prompt. Padding and positions follow
   # models.positions: a row's pad offset; key s is visible to query slot q iff offset <= s <= q.
   offsets = positions.left_pad_offsets(prompt_mask)  # [Bp]
-  logits, prefix = model(prompt_tokens, offsets=offsets, cache=model.init_cache(bp, p),
-                         cache_index=0)
+  if images is None:
+    lm = model
+    logits, prefix = model(prompt_tokens, offsets=offsets, cache=model.init_cache(bp, p),
+                           cache_index=0)
+    step_positions = lambda t: None  # slot - offset, inside the model
+  else:
+    # The vision tower once per prompt; the prompt's samples share its keys and values.
+    lm = model.language
+    feats = qwen2_5_vl.image_features(model, images["pixel_values"], images["layout"])
+    embeds = qwen2_5_vl.embed_rows(model, prompt_tokens[:, None], feats)[:, 0]  # [Bp, P, E]
+    pos = jnp.moveaxis(jnp.asarray(images["positions"]), 1, 0)  # [3, Bp, P]
+    x, prefix = lm.hidden(prompt_tokens, pos, offsets=offsets, cache=lm.init_cache(bp, p),
+                          cache_index=0, embeds=embeds)
+    logits = lm.unembed(x)
+    # Generated slot t (slot P + t) continues the prompt's multimodal positions.
+    shift = jnp.repeat(p - offsets + jnp.asarray(images["deltas"], jnp.int32), r)  # [B]
+    step_positions = lambda t: jnp.broadcast_to((shift + t)[None, :, None], (3, b, 1))
   # Each prompt's R samples share its cache as a prefix and start from its last logits.
   phases = max(1, min(cfg.decode_phases, t_max // _MIN_PHASE))
   lengths = [-(-t_max * (c + 1) // phases) for c in range(phases)]
-  cache = model.with_prefix(prefix, b, lengths[0])
+  cache = lm.with_prefix(prefix, b, lengths[0])
   logits = jnp.repeat(logits[:, -1], r, axis=0)
   row_offsets = jnp.repeat(offsets, r, axis=0)  # [B]
 
@@ -166,8 +183,8 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
     done = st.done | jnp.any(tok[:, None] == end_ids[None, :], axis=1)
     # Feed the token just sampled (generated slot t, key P + t) to get the next logits;
     # its position is P + t - offset.
-    next_logits, cache = model(tok[:, None], offsets=row_offsets, cache=st.cache,
-                               cache_index=st.t)
+    next_logits, cache = lm(tok[:, None], step_positions(st.t), offsets=row_offsets,
+                            cache=st.cache, cache_index=st.t)
     return _LoopState(t=st.t + 1, logits=next_logits[:, 0], cache=cache, tokens=tokens,
                       logprobs=logprobs, done=done, rng=rng)
 
@@ -223,7 +240,8 @@ def generate(model, prompts: Sequence[Sequence[int]], *, rng, max_new_tokens: in
              num_samples: int = 1, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, eos_id: int | None = None, stop_ids: Sequence[int] = (),
              greedy: bool = False, pad_id: int = 0, prompt_length: int | None = None,
-             max_length: int | None = None) -> Rollout:
+             max_length: int | None = None, images: Sequence[dict | None] | None = None,
+             patch_budget: int | None = None) -> Rollout:
   """Sample `num_samples` completions for each prompt (a list of token-id lists).
 
   Returns a Rollout with tokens, mask and float32 log-probs, all [B, T],
@@ -231,6 +249,12 @@ def generate(model, prompts: Sequence[Sequence[int]], *, rng, max_new_tokens: in
   `prompt_length` pads every call to one P (no recompilation across calls);
   `max_length` is the cache size the prompt plus new tokens must fit in
   (default: the model's max_position_embeddings).
+
+  For a `Qwen2_5_VL` model, `images` gives per prompt {"pixel_values": [patches, C],
+  "image_grid_thw": [I, 3]} (the image processor's output) or None (text only); the
+  prompt's ids hold one image-pad token per merged patch. The tower runs once per prompt
+  on its images padded to `patch_budget` patches (default: the call's largest image set;
+  fix it to keep shapes, and so the compilation, across calls).
   """
   if num_samples < 1:
     raise ValueError(f"num_samples must be >= 1, got {num_samples}")
@@ -240,10 +264,23 @@ def generate(model, prompts: Sequence[Sequence[int]], *, rng, max_new_tokens: in
                        eos_id=eos_id, stop_ids=tuple(int(x) for x in stop_ids),
                        pad_id=int(pad_id))
   tokens, mask = pad_prompts(prompts, prompt_length, pad_id)
-  limit = max_length if max_length is not None else model.cfg.max_position_embeddings
+  vl = isinstance(model, qwen2_5_vl.Qwen2_5_VL)
+  if images is not None and not vl:
+    raise ValueError(f"images were given but the model is a {type(model).__name__}, not a "
+                     "Qwen2_5_VL")
+  text_cfg = model.cfg.text if vl else model.cfg
+  limit = max_length if max_length is not None else text_cfg.max_position_embeddings
   if tokens.shape[1] + max_new_tokens > limit:
     raise ValueError(
         f"prompt length {tokens.shape[1]} + max_new_tokens {max_new_tokens} = "
         f"{tokens.shape[1] + max_new_tokens} exceeds the cache length {limit}")
+  inputs = None
+  if vl:
+    inputs = qwen2_5_vl.prompt_images(model.cfg, tokens, mask,
+                                      [None] * len(prompts) if images is None else images,
+                                      patch_budget)
   graphdef, params = nnx.split(model)
-  return sample(graphdef, params, jnp.asarray(tokens), jnp.asarray(mask), rng, cfg)
+  if inputs is None:
+    return sample(graphdef, params, jnp.asarray(tokens), jnp.asarray(mask), rng, cfg)
+  return sample(graphdef, params, jnp.asarray(tokens), jnp.asarray(mask), rng, cfg,
+                images=inputs)

@@ -7,7 +7,8 @@
 """
 
 from dmpo_jax.tasks import scoring
-from dmpo_jax.tasks.base import CATEGORIES, COMPAT, LEVELS, PROMPT_STYLES, Exact, Task, Verdict
+from dmpo_jax.tasks.base import (CATEGORIES, COMPAT, IMAGE, IMAGE_STYLES, LEVELS, PROMPT_STYLES, Exact,
+                                 Task, Verdict)
 from dmpo_jax.tasks.graph import GraphColoring, MaximumClique, MaximumIndependentSet
 from dmpo_jax.tasks.partition import MinimumBisection
 from dmpo_jax.tasks.planning import TSP, LongestCycle
@@ -30,5 +31,5 @@ def get(key: str) -> Task:
   return _TASKS[key]
 
 
-__all__ = ["CATEGORIES", "COMPAT", "LEVELS", "PROMPT_STYLES", "Exact", "Task", "Verdict",
-           "get", "names", "scoring"]
+__all__ = ["CATEGORIES", "COMPAT", "IMAGE", "IMAGE_STYLES", "LEVELS", "PROMPT_STYLES", "Exact",
+           "Task", "Verdict", "get", "names", "scoring"]

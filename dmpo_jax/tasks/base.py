@@ -24,7 +24,13 @@ from dmpo_jax.tasks import npbench_rules, parsing
 LEVELS = ("tiny", "easy", "medium", "hard", "bench")
 CATEGORIES = ("graph", "schedule", "partition", "selection", "planning")
 COMPAT = ("strict", "npbench")
-PROMPT_STYLES = ("npbench", "compact")
+PROMPT_STYLES = ("npbench", "compact")  # text prompts: the instance written out
+# MM-NP-Bench prompts: the instance as an image (`render`) at IMAGE, then a text
+# instruction that is the same for every instance of a task (no instance numbers).
+# "image": the compact prompt's task word (from-scratch models); "npbench_image":
+# NP-Bench's wording with the image in place of the instance listing.
+IMAGE_STYLES = ("image", "npbench_image")
+IMAGE = "<image>"  # where a prompt's image goes; the model's processor expands it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,11 +253,22 @@ class Task:
     return ratio(v.value, gt, self.direction)
 
   def prompt(self, instance: dict, style: str = "npbench") -> str:
-    if style not in PROMPT_STYLES:
-      raise ValueError(f"unknown prompt style {style!r}; choose from {PROMPT_STYLES}")
+    """The prompt text; image styles hold IMAGE once where `render(instance)` goes."""
+    if style not in PROMPT_STYLES + IMAGE_STYLES:
+      raise ValueError(f"unknown prompt style {style!r}; choose from {PROMPT_STYLES + IMAGE_STYLES}")
     problem = self.problem(instance)
     if style == "compact":
       return self._compact(problem) + "\nAnswer: "
+    if style == "image":  # the compact prompt's task word only: the numbers are in the image
+      return f"{IMAGE}{self._compact(problem).split()[0]}\nAnswer: "
+    if style == "npbench_image":
+      return (
+          f"{IMAGE}You are an expert in combinatorial optimization.\n\n"
+          f"Task: {self.title}. {self.description}\n\n"
+          "Instance: shown in the image above.\n\n"
+          f"Submission format: {self.answer_format}\n\n"
+          "Think step by step, then give your final answer.\n"
+          "Your response should end with: Answer: YOUR ANSWER")
     return (
         f"You are an expert in combinatorial optimization.\n\n"
         f"Task: {self.title}. {self.description}\n\n"

@@ -24,20 +24,25 @@ from dmpo_jax.sampling import sampler as sampler_lib
 
 
 def make_sampler(graphdef, scfg: sampler_lib.SamplingConfig, p_sh, data_sh, rep) -> Callable:
-  """Jitted (params, prompts [Bp, P], mask [Bp, P], key) -> (tokens, mask, logprobs), each
-  [Bp * scfg.num_samples, T] and sharded over the mesh's rows. Prompts (host arrays, small)
-  and the key (raw key data) are passed replicated."""
-  def run(params, prompt_tokens, prompt_mask, key_data):
+  """Jitted (params, prompts [Bp, P], mask [Bp, P], key, images=None) -> (tokens, mask,
+  logprobs), each [Bp * scfg.num_samples, T] and sharded over the mesh's rows. Prompts (host
+  arrays, small), the key (raw key data) and images (a `Qwen2_5_VL`'s image prompts:
+  `qwen2_5_vl.prompt_images`' arrays for these Bp prompts, one patch budget for every
+  call so that one compilation serves them) are passed replicated."""
+  def run(params, prompt_tokens, prompt_mask, key_data, images):
     steps.TRACES["sampler"] += 1
     rng = jax.random.wrap_key_data(key_data)
-    r = sampler_lib._generate(graphdef, params["model"], prompt_tokens, prompt_mask, rng, scfg)
+    r = sampler_lib._generate(graphdef, params["model"], prompt_tokens, prompt_mask, rng, scfg,
+                              images)
     return r.tokens, r.mask, r.logprobs
-  jitted = jax.jit(run, in_shardings=(p_sh, rep, rep, rep),
+  jitted = jax.jit(run, in_shardings=(p_sh, rep, rep, rep, rep),
                    out_shardings=(data_sh, data_sh, data_sh))
 
-  def call(params, prompt_tokens, prompt_mask, key):
+  def call(params, prompt_tokens, prompt_mask, key, images=None):
+    if images is not None:
+      images = dist.tree_to_global(images, rep)
     return jitted(params, dist.to_global(prompt_tokens, rep), dist.to_global(prompt_mask, rep),
-                  dist.to_global(np.asarray(jax.random.key_data(key)), rep))
+                  dist.to_global(np.asarray(jax.random.key_data(key)), rep), images)
   return call
 
 
@@ -55,10 +60,13 @@ class Rollouts:
                                   # (+ optimal [P, G] and pipeline.COLLAPSE_STATS [P] with collapse)
   sample_s: float                 # wall time of sampling not overlapped by host scoring
   score_s: float                  # host decoding, verifying and shaping
+  images: dict | None = None      # host: image prompts (`qwen2_5_vl.prompt_images`, [P, ...])
 
   def batch(self, data_sh) -> dict:
     """The update's input (see `objectives.presets`), on the mesh."""
-    out = {"seqs": self.seqs, "mask": dist.to_global(self.completion_mask, data_sh),
+    seqs = self.seqs if self.images is None else dict(
+        self.seqs, images=dist.tree_to_global(self.images, data_sh))
+    out = {"seqs": seqs, "mask": dist.to_global(self.completion_mask, data_sh),
            "old_logprobs": self.old_logprobs, "rewards": dist.to_global(self.rewards, data_sh)}
     if self.ref_logprobs is not None:
       out["ref_logprobs"] = self.ref_logprobs
@@ -82,8 +90,13 @@ class Rollouts:
 def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *, key,
                      group_size: int, chunks: int, reward_cfg, objective, prompt_len: int,
                      completion_len: int, data_sh, ref_fn: Callable | None = None,
-                     collapse: pipeline.Collapse | None = None) -> Rollouts:
+                     collapse: pipeline.Collapse | None = None,
+                     images: Callable | None = None) -> Rollouts:
   """Sample, score and shape G = group_size completions of each of `items`.
+
+  images: for image prompts, images(prompt_tokens [P, prompt_len], prompt_mask) -> the
+  prompts' `qwen2_5_vl.prompt_images` arrays (host, one fixed patch budget); they go to the
+  sampler, to ref_fn's seqs and to the update's batch (seqs["images"]).
 
   sampler: `make_sampler`'s; ref_fn(seqs) -> reference log-probs [B, T] (None when the
   objective reads no reference); objective: the ObjectiveConfig (its shaping fields);
@@ -93,9 +106,10 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
   P, G = len(items), group_size
   prompt_tokens, prompt_mask = pipeline.pad_left([encoder.encode(k, q) for k, q in items],
                                                  prompt_len, encoder.pad)  # [P, prompt_len]
+  vis = None if images is None else images(prompt_tokens, prompt_mask)
   tokens, mask, old_lp, ref_lp, rewards, stats, host_s = _sample_and_score(
       sampler, params, items, encoder, prompt_tokens, prompt_mask, key, G, chunks, reward_cfg,
-      ref_fn, collapse)
+      ref_fn, collapse, vis)
   pt, pm = np.repeat(prompt_tokens, G, 0), np.repeat(prompt_mask, G, 0)  # each sample's prompt
   seqs = {"tokens": jnp.concatenate([dist.to_global(pt, data_sh), tokens], 1).reshape(
               P, G, prompt_len + completion_len),
@@ -111,17 +125,20 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
   as_groups = lambda x: None if x is None else x.reshape(P, G, completion_len)
   return Rollouts(items=items, seqs=seqs, completion_mask=completion_mask,
                   old_logprobs=as_groups(old_lp), ref_logprobs=as_groups(ref_lp), rewards=rewards,
-                  lengths=lengths, stats=stats, sample_s=t1 - t0 - host_s, score_s=t2 - t1 + host_s)
+                  lengths=lengths, stats=stats, sample_s=t1 - t0 - host_s, score_s=t2 - t1 + host_s,
+                  images=vis)
 
 
 def _sample_and_score(sampler, params, items, encoder, prompt_tokens, prompt_mask, key, G,
-                      chunks, reward_cfg, ref_fn, collapse=None):
+                      chunks, reward_cfg, ref_fn, collapse=None, images=None):
   """The overlapped loop: device tokens [P*G, T], host mask, device old log-probs, device
   reference log-probs (or None), rewards [P, G], stats, host seconds."""
   per = len(items) // chunks
   piece = lambda x, c: x[c * per:(c + 1) * per]
+  pieces = lambda tree, c: None if tree is None else jax.tree.map(lambda x: piece(x, c), tree)
   launch = lambda c: sampler(params, piece(prompt_tokens, c), piece(prompt_mask, c),
-                             jax.random.fold_in(key, c))
+                             jax.random.fold_in(key, c),
+                             **({} if images is None else {"images": pieces(images, c)}))
   pending, outs, host_s = launch(0), [], 0.0
   for c in range(chunks):
     tokens, mask, logp = pending
@@ -133,6 +150,8 @@ def _sample_and_score(sampler, params, items, encoder, prompt_tokens, prompt_mas
       per_row = lambda x: np.repeat(piece(x, c), G, 0)  # each sample's prompt
       seqs = {"tokens": jnp.concatenate([dist.to_global(per_row(prompt_tokens), data_sh), tokens], 1),
               "prompt_mask": dist.to_global(per_row(prompt_mask), data_sh)}
+      if images is not None:
+        seqs["images"] = pieces(images, c)
       ref = ref_fn(seqs)
     tok_h, mask_h = dist.to_host(tokens), dist.to_host(mask)
     h0 = time.time()

@@ -1,0 +1,289 @@
+"""MM-NP-Bench on the host: image prompts of the NP tasks, their render cache, and small VLMs.
+
+An image prompt is the task's prompt text in an image style (`tasks.IMAGE_STYLES`: the
+instance drawn by `Task.render`, plus an instruction that is the same for every
+instance of the task) turned into what a Qwen2.5-VL policy reads: token ids whose
+image span holds one image-pad token per merged patch, and the image processor's
+`{"pixel_values": [patches, C], "image_grid_thw": [1, 3]}`. Rendering and
+preprocessing are cached per instance (`ImageCache`, an LRU keyed by task and
+instance) so a held-out set is drawn once, not once per evaluation.
+
+The blank-image control (`ImagePromptEncoder(..., blank=True)`) gives the same
+prompts with a white image of the same size: the same ids and grid, no instance.
+A policy that scores as well on it does not read the image.
+
+`build_vlm` makes the from-scratch Qwen2.5-VL of a config (a tiny vision tower and
+the text model's sizes) with an image processor and tokenizer of its own, so a
+from-scratch run needs no hub files.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import time
+
+from dmpo_jax import pipeline
+from dmpo_jax import tasks as tasks_lib
+
+MARKERS = ("<|vision_start|>", "<|vision_end|>")  # around the image span, when the tokenizer has them
+
+
+def is_vlm(model) -> bool:
+  return hasattr(model, "visual")
+
+
+def instance_key(key: str, q: dict) -> str:
+  """A content key of (task, instance): equal for equal instances, whatever their identity."""
+  try:
+    text = json.dumps(q, sort_keys=True, default=str)
+  except TypeError:  # mixed key types cannot be sorted
+    text = repr(q)
+  return key + "/" + hashlib.sha1(text.encode()).hexdigest()
+
+
+class ImageCache:
+  """LRU of preprocessed renders: (task, instance, blank) -> the processor's image dict.
+
+  `ms_per_instance` is the mean wall time of one miss (render + preprocessing)."""
+
+  def __init__(self, processor, size: int, capacity: int = 4096):
+    if not isinstance(size, int) or size < 128:
+      raise ValueError(f"config.image.size={size!r}: renders need an int >= 128 pixels")
+    self.processor, self.size, self.capacity = processor, size, capacity
+    self._items: collections.OrderedDict = collections.OrderedDict()
+    self.hits = self.misses = 0
+    self.seconds = 0.0
+
+  def get(self, key: str, q: dict, blank: bool = False) -> dict:
+    k = ("blank", self.size) if blank else instance_key(key, q)
+    hit = self._items.get(k)
+    if hit is not None:
+      self.hits += 1
+      self._items.move_to_end(k)
+      return hit
+    t0 = time.perf_counter()
+    if blank:
+      from PIL import Image
+      image = Image.new("RGB", (self.size, self.size), "white")
+    else:
+      image = tasks_lib.get(key).render(q, self.size)
+    out = self.processor.images([image])
+    self.seconds += time.perf_counter() - t0
+    self.misses += 1
+    self._items[k] = out
+    if len(self._items) > self.capacity:
+      self._items.popitem(last=False)
+    return out
+
+  @property
+  def ms_per_instance(self) -> float:
+    return 1000.0 * self.seconds / max(self.misses, 1)
+
+
+class ImagePromptEncoder(pipeline.PromptEncoder):
+  """A PromptEncoder for image styles: `encode` gives ids with the image span expanded to
+  the image's merged patches, `images` the image dict of the same (task, instance).
+
+  processor: a `VLProcessor` (tokenizer + image processor); blank: the blank-image control."""
+
+  def __init__(self, processor, style: str, max_prompt_len: int, chat_template: bool = False, *,
+               cache: ImageCache, blank: bool = False):
+    if style not in tasks_lib.IMAGE_STYLES:
+      raise ValueError(f"config.prompt_style={style!r} is no image style; choose from "
+                       f"{tasks_lib.IMAGE_STYLES}")
+    self.processor, self.cache, self.blank = processor, cache, blank
+    tok = processor.tokenizer
+    super().__init__(tok, "compact", max_prompt_len, chat_template)  # checks the base style
+    self.style = style
+    vocab = tok.get_vocab()
+    self.markers = MARKERS if all(m in vocab for m in MARKERS) else ("", "")
+
+  def images(self, key: str, q: dict) -> dict:
+    """{"pixel_values": [patches, C] float32, "image_grid_thw": [1, 3]} of the prompt's image."""
+    return self.cache.get(key, q, self.blank)
+
+  def prompt_text(self, key: str, q: dict) -> str:
+    """The prompt with its image span expanded (one image-pad token per merged patch)."""
+    n = self.processor.num_image_tokens(self.images(key, q)["image_grid_thw"])[0]
+    span = self.markers[0] + self.processor.image_token * n + self.markers[1]
+    return tasks_lib.get(key).prompt(q, self.style).replace(tasks_lib.IMAGE, span)
+
+  def batch_images(self, items) -> list[dict]:
+    """The image dicts of [(task key, instance)] in order."""
+    return [self.images(k, q) for k, q in items]
+
+  def blank_control(self) -> "ImagePromptEncoder":
+    """The same encoder with every image replaced by a blank one of the same size."""
+    return ImagePromptEncoder(self.processor, self.style, self.max_len, self.chat, cache=self.cache,
+                              blank=True)
+
+
+def build_vlm(cfg):
+  """(model, processor) of a from-scratch Qwen2.5-VL (`vlm_config`), initialised from config.seed."""
+  from flax import nnx
+
+  from dmpo_jax.models.qwen2_5_vl import Qwen2_5_VL
+  vlcfg, processor = vlm_config(cfg)
+  return Qwen2_5_VL(vlcfg, rngs=nnx.Rngs(cfg.seed)), processor
+
+
+def vlm_config(cfg):
+  """(VLConfig, processor) of a from-scratch Qwen2.5-VL from config.model (its `vision` block
+  and the text sizes) and config.image (the processor's pixel range): the task tokenizer
+  with the image markers, an image processor of its own, and the tower's patch geometry."""
+  from dmpo_jax.models import tokenizer as tok_lib
+  from dmpo_jax.models.config import ModelConfig
+  from dmpo_jax.models.qwen2_5_vl import VLConfig
+  from dmpo_jax.models.vision import VisionConfig
+  from dmpo_jax.models.vl_processor import IMAGE_TOKEN, VLProcessor, build_image_processor
+
+  m, im = cfg.model, cfg.image
+  tok = tok_lib.build(vision=True)
+  vocab = -(-len(tok) // 8) * 8
+  section = tuple(int(s) for s in m.mrope_section)
+  head_dim = m.head_dim or m.hidden_size // m.num_heads
+  if len(section) != 3 or 2 * sum(section) != head_dim:
+    raise ValueError(f"config.model.mrope_section={section}: three sections summing to "
+                     f"head_dim / 2 = {head_dim // 2}")
+  text = ModelConfig(vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                     num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+                     head_dim=m.head_dim, rope_theta=m.rope_theta, dtype=m.dtype,
+                     param_dtype=m.param_dtype, qkv_bias=True, architecture="qwen2",
+                     max_position_embeddings=m.max_prompt_len + m.max_new_tokens,
+                     mrope_section=section, remat=m.remat)
+  v = dict(m.vision)
+  v["fullatt_block_indexes"] = tuple(v.get("fullatt_block_indexes", ()))
+  try:
+    vision = VisionConfig(out_hidden_size=m.hidden_size, dtype=m.dtype, param_dtype=m.param_dtype,
+                          **v)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config.model.vision: {e}") from e
+  vlcfg = VLConfig(text, vision, image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+                   vision_start_token_id=tok.convert_tokens_to_ids(MARKERS[0]),
+                   vision_end_token_id=tok.convert_tokens_to_ids(MARKERS[1]))
+  ip = build_image_processor(vision, min_pixels=im.min_pixels, max_pixels=im.max_pixels)
+  return vlcfg, VLProcessor(tok, ip, patch_budget=im.patch_budget or None)
+
+
+def make_encoder(cfg, processor) -> ImagePromptEncoder:
+  """The run's image-prompt encoder (config.prompt_style, config.image.size)."""
+  cache = ImageCache(processor, int(cfg.image.size), int(cfg.image.get("cache", 4096)))
+  return ImagePromptEncoder(processor, cfg.prompt_style, cfg.model.max_prompt_len,
+                            cfg.chat_template, cache=cache)
+
+
+def make_run_encoder(cfg, tok, processor):
+  """A training run's prompt encoder: image prompts for an image style (which needs a
+  vision-language model), else text prompts with the model's tokenizer."""
+  if cfg.prompt_style in tasks_lib.IMAGE_STYLES:
+    if processor is None:
+      raise ValueError(f"config.prompt_style={cfg.prompt_style!r} needs a vision-language model: "
+                       "config.model.vision (from scratch) or a Qwen2.5-VL folder in config.model.init")
+    return make_encoder(cfg, processor)
+  tokenizer = processor.tokenizer if processor is not None else tok
+  return pipeline.PromptEncoder(tokenizer, cfg.prompt_style, cfg.model.max_prompt_len,
+                                cfg.chat_template)
+
+
+def image_inputs(vl_cfg, encoder, items, prompt_tokens, prompt_mask, patch_budget: int):
+  """`qwen2_5_vl.prompt_images` of padded prompts [Bp, P]: each item's image for an image
+  encoder, None (text only) for a text one; every prompt padded to `patch_budget` patches."""
+  from dmpo_jax.models import qwen2_5_vl
+  images = (encoder.batch_images(items) if isinstance(encoder, ImagePromptEncoder)
+            else [None] * len(items))
+  return qwen2_5_vl.prompt_images(vl_cfg, prompt_tokens, prompt_mask, images, patch_budget)
+
+
+MODALITIES = ("image", "blank", "text")
+TEXT_STYLE = {"image": "compact", "npbench_image": "npbench"}  # the same prompt, instance in text
+
+
+def default_modalities(encoder) -> tuple[str, ...]:
+  return MODALITIES if isinstance(encoder, ImagePromptEncoder) else ("text",)
+
+
+def modality_encoder(encoder, modality: str):
+  """The encoder of one modality of `encoder`'s prompts: "image" (the instance drawn),
+  "blank" (a white image of the same size: the control) or "text" (the instance written
+  out in the matching text style)."""
+  if modality not in MODALITIES:
+    raise ValueError(f"config.eval.modalities: unknown modality {modality!r}; choose from {MODALITIES}")
+  image = isinstance(encoder, ImagePromptEncoder)
+  if modality == "text":
+    if not image:
+      return encoder
+    return pipeline.PromptEncoder(encoder.tok, TEXT_STYLE[encoder.style], 10**9, encoder.chat)
+  if not image:
+    raise ValueError(f"config.eval.modalities: {modality!r} needs image prompts "
+                     f"(config.prompt_style in {tasks_lib.IMAGE_STYLES})")
+  return encoder.blank_control() if modality == "blank" else encoder
+
+
+def evaluate_modalities(run_eval, encoder, items, modalities, images_fn,
+                        prompt_len: int | None = None) -> dict:
+  """Score the same instances in each modality. run_eval(encoder, prompt_len, images) is one
+  `evaluation.evaluate`; images_fn(items, prompt_tokens, prompt_mask, encoder) the image
+  inputs. Image prompts are padded to `prompt_len` (None: their longest, rounded up to 16),
+  text prompts to their own longest. Returns the first modality's results plus
+  "modalities": {name: per_task, categories, overall} of each."""
+  modalities = tuple(modalities)
+  if not modalities:
+    raise ValueError("config.eval.modalities is empty")
+  results = {}
+  for m in modalities:
+    enc = modality_encoder(encoder, m)
+    plen = prompt_len
+    if m == "text" or plen is None:
+      plen = -(-max(len(enc.encode(k, q)) for k, q in items) // 16) * 16
+    results[m] = run_eval(enc, plen, lambda chunk, pt, pm, e=enc: images_fn(chunk, pt, pm, e))
+  out = dict(results[modalities[0]])
+  out["modality"] = modalities[0]
+  out["modalities"] = {m: {k: r[k] for k in ("per_task", "categories", "overall")}
+                       for m, r in results.items()}
+  return out
+
+
+def format_modalities(results: dict, metrics=("SR@3", "QR@3", "SR_mean", "QR_mean")) -> str:
+  """Overall scores per modality, one line each (the blank-image control beside the image)."""
+  mods = results.get("modalities")
+  if not mods:
+    return ""
+  lines = [f"{'modality':10s}" + "".join(f"{m:>10s}" for m in metrics)]
+  for name, r in mods.items():
+    lines.append(f"{name:10s}" + "".join(f"{r['overall'].get(m, float('nan')):10.3f}" for m in metrics))
+  return "\n".join(lines)
+
+
+class Prefetch:
+  """Renders the next step's instances on a worker thread while the device runs this step
+  (training instances are fresh at every step, so they miss the cache otherwise).
+
+  `warm(items_fn)` submits items_fn() -> [(task key, instance)] and their images; `wait()`
+  returns when it is done. The stages wait before they build a batch, so the cache is
+  never used by two threads at once. A no-op for text prompts."""
+
+  def __init__(self, encoder):
+    self.encoder = encoder if isinstance(encoder, ImagePromptEncoder) else None
+    self._pool = self._pending = None
+
+  def warm(self, items_fn) -> None:
+    if self.encoder is None:
+      return
+    self.wait()
+    if self._pool is None:
+      from concurrent.futures import ThreadPoolExecutor
+      self._pool = ThreadPoolExecutor(1, thread_name_prefix="render")
+    self._pending = self._pool.submit(lambda: [self.encoder.images(k, q) for k, q in items_fn()])
+
+  def wait(self) -> None:
+    if self._pending is not None:
+      pending, self._pending = self._pending, None
+      pending.result()  # a render error surfaces here, in the training thread
+
+  def close(self) -> None:
+    self.wait()
+    if self._pool is not None:
+      self._pool.shutdown()
+      self._pool = None

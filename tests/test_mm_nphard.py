@@ -1,0 +1,190 @@
+"""MM-NP-Bench: image prompts, the render cache, the from-scratch VLM and its export."""
+
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from dmpo_jax import multimodal as mm
+from dmpo_jax import pipeline, tasks
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs"))
+import mm_nphard  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smoke_vlm():
+  """(config, VLConfig, processor) of the smoke config's from-scratch VLM (no weights)."""
+  cfg = mm_nphard.get_config("smoke")
+  vl_cfg, processor = mm.vlm_config(cfg)
+  return cfg, vl_cfg, processor
+
+
+def _numbers(text: str) -> set[str]:
+  return set(re.findall(r"\d+", text))
+
+
+@pytest.mark.parametrize("style", tasks.IMAGE_STYLES)
+def test_image_prompts_hold_no_instance_numbers(style):
+  for key in tasks.names():
+    task = tasks.get(key)
+    a, b = task.generate(0, "tiny"), task.generate(1, "tiny")
+    ta, tb = task.prompt(a, style), task.prompt(b, style)
+    assert ta.count(tasks.IMAGE) == 1, key
+    assert ta == tb, f"{key}: the {style} instruction depends on the instance"
+    listed = _numbers(task.prompt(a, "compact")) | _numbers(task.prompt(b, "compact"))
+    leaked = {n for n in _numbers(ta) & listed if len(n) > 1}
+    assert not leaked, f"{key}: {style} prompt repeats instance numbers {leaked}"
+    if style == "image":
+      assert not _numbers(ta), f"{key}: {ta!r}"
+
+
+def test_image_pad_count_matches_the_grid_and_cache_hits(smoke_vlm):
+  from dmpo_jax.models import qwen2_5_vl
+  cfg, vl_cfg, processor = smoke_vlm
+  enc = mm.make_encoder(cfg, processor)
+  items = pipeline.TaskSet(tasks.names(), "tiny", 0).held_out(1)
+  pad = processor.image_token_id
+  for key, q in items:
+    ids = enc.encode(key, q)
+    grid = enc.images(key, q)["image_grid_thw"]
+    merge = cfg.model.vision["spatial_merge_size"]
+    assert ids.count(pad) == int(np.prod(grid)) // merge ** 2, key
+    assert len(ids) <= cfg.model.max_prompt_len
+    # the ids are what the sampler's and the update's image inputs accept
+    ids = np.asarray([ids])
+    qwen2_5_vl.prompt_images(vl_cfg, ids, np.ones_like(ids), [enc.images(key, q)],
+                             cfg.image.patch_budget)
+  assert enc.cache.misses == len(items) and enc.cache.hits >= len(items)
+  key, q = items[0]
+  again = tasks.get(key).generate(pipeline.EVAL_SEED0, "tiny")  # held_out's first seed
+  assert again == q and again is not q
+  before = enc.cache.hits
+  enc.images(key, again)  # an equal instance in another dict: a hit
+  assert enc.cache.hits == before + 1 and enc.cache.misses == len(items)
+  assert enc.cache.ms_per_instance > 0
+
+
+def test_prefetch_renders_the_next_step_on_a_worker_thread(smoke_vlm):
+  cfg, _, processor = smoke_vlm
+  enc = mm.make_encoder(cfg, processor)
+  ts = pipeline.TaskSet(["TSP", "knapsack"], "tiny", 0)
+  pre = mm.Prefetch(enc)
+  pre.warm(lambda: ts.train("sft", 1, 4))
+  pre.wait()
+  assert enc.cache.misses == 4 and enc.cache.hits == 0
+  for key, q in ts.train("sft", 1, 4):  # the step's own draw: fresh dicts, cached renders
+    enc.encode(key, q)
+  assert enc.cache.misses == 4 and enc.cache.hits == 4
+  pre.warm(lambda: [("TSP", "not an instance")])
+  with pytest.raises(TypeError, match="TSP: instance must be a question dict"):
+    pre.wait()  # a render error reaches the training thread
+  pre.close()
+  text = mm.Prefetch(pipeline.PromptEncoder(processor.tokenizer, "compact", 64))
+  text.warm(lambda: 1 / 0)  # text prompts: nothing to render, nothing runs
+  text.wait()
+
+
+def test_blank_control_keeps_ids_and_grid_and_drops_the_instance(smoke_vlm):
+  cfg, _, processor = smoke_vlm
+  enc = mm.make_encoder(cfg, processor)
+  blank = enc.blank_control()
+  key, q = "TSP", tasks.get("TSP").generate(3, "tiny")
+  assert blank.encode(key, q) == enc.encode(key, q)
+  real, white = enc.images(key, q), blank.images(key, q)
+  np.testing.assert_array_equal(real["image_grid_thw"], white["image_grid_thw"])
+  assert real["pixel_values"].shape == white["pixel_values"].shape
+  assert np.abs(real["pixel_values"] - white["pixel_values"]).max() > 0.1
+  other = tasks.get("knapsack").generate(3, "tiny")  # every blank image is the same
+  np.testing.assert_array_equal(blank.images("knapsack", other)["pixel_values"], white["pixel_values"])
+
+
+def test_image_encoder_refuses_text_styles_and_bad_configs(smoke_vlm):
+  cfg, _, processor = smoke_vlm
+  cache = mm.ImageCache(processor, 128)
+  with pytest.raises(ValueError, match="prompt_style='compact'"):
+    mm.ImagePromptEncoder(processor, "compact", 64, cache=cache)
+  with pytest.raises(ValueError, match="config.image.size"):
+    mm.ImageCache(processor, 64)
+  bad = mm_nphard.get_config("smoke")
+  bad.model.mrope_section = (2, 2, 2)
+  with pytest.raises(ValueError, match="config.model.mrope_section"):
+    mm.vlm_config(bad)
+  bad = mm_nphard.get_config("smoke")
+  bad.model.vision = dict(bad.model.vision, num_heads=3)
+  with pytest.raises(ValueError, match="config.model.vision"):
+    mm.vlm_config(bad)
+  text = mm_nphard.get_config("smoke")
+  text.model.vision = {}  # a text model cannot take image prompts
+  with pytest.raises(ValueError, match="needs a vision-language model"):
+    mm.make_run_encoder(text, processor.tokenizer, None)
+  from dmpo_jax import sharding
+  from dmpo_jax import train as train_lib
+  dph = mm_nphard.get_config("smoke,algo=dph_js")
+  with pytest.raises(ValueError, match="config.rl.algo='dph_js'"):
+    train_lib.check_config(dph, train_lib.objective_from_config(dph),
+                           sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}))
+
+
+@pytest.mark.slow
+def test_scratch_vlm_saves_a_folder_transformers_opens(tmp_path):
+  from dmpo_jax.models import hf
+  cfg = mm_nphard.get_config("smoke")
+  model, processor = mm.build_vlm(cfg)
+  hf.save(model, processor, str(tmp_path / "hf"))
+  loaded, proc2 = hf.load(str(tmp_path / "hf"))
+  assert proc2.image_token_id == processor.image_token_id
+  assert proc2.image_processor.size == processor.image_processor.size  # the pixel range
+  import transformers
+  tm = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tmp_path / "hf"))
+  assert tm.config.image_token_id == processor.image_token_id
+  enc = mm.make_encoder(cfg, proc2)
+  key, q = "knapsack", tasks.get("knapsack").generate(0, "tiny")
+  ids = np.asarray([enc.encode(key, q)])
+  im = enc.images(key, q)
+  inputs = loaded.prepare(ids, im["image_grid_thw"])
+  ours = np.asarray(loaded(ids, im["pixel_values"], inputs["layout"], inputs["positions"],
+                           offsets=inputs["offsets"]))
+  import torch
+  with torch.no_grad():
+    theirs = tm(input_ids=torch.tensor(ids, dtype=torch.long),
+                pixel_values=torch.tensor(im["pixel_values"]),
+                image_grid_thw=torch.tensor(im["image_grid_thw"]),
+                mm_token_type_ids=torch.tensor((ids == processor.image_token_id).astype(np.int64)),
+                ).logits.numpy()
+  np.testing.assert_allclose(ours, theirs, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_mm_smoke_run_end_to_end_with_resume(tmp_path):
+  """SFT, a stop at its end and the resume, RL with dmpo, evaluation in every modality (the
+  blank-image control included), the HF export, on image prompts of two tasks."""
+  from dmpo_jax import train as train_lib
+  from dmpo_jax.models import hf
+
+  def cfg(**over):
+    c = mm_nphard.get_config("smoke,algo=dmpo,tasks=TSP+knapsack")
+    c.log.tensorboard = c.log.plots = False
+    c.mesh.data = 2
+    for k, v in over.items():
+      c[k] = v
+    return c
+
+  wd = tmp_path / "run"
+  assert train_lib.train(cfg(stop_at_step=3), str(wd)) == {"stopped": True, "step": 3}
+  assert not (wd / "eval_before.json").exists()
+  res = train_lib.train(cfg(), str(wd))  # resumes at step 3: the end of SFT
+  rows = [json.loads(l) for l in open(wd / "metrics.jsonl")]
+  assert [r["stage"] for r in rows] == ["sft"] * 3 + ["rl"] * 3
+  assert [r["step"] for r in rows] == list(range(1, 7))
+  mods = res["modalities"]["after"]
+  assert list(mods) == ["image", "blank", "text"]
+  for name, r in mods.items():
+    assert set(r["per_task"]) == {"TSP", "knapsack"}, name
+    assert 0.0 <= r["overall"]["SR_mean"] <= 1.0
+  assert res["after"]["overall"] == mods["image"]["overall"]
+  model, processor = hf.load(str(wd / "hf"))
+  assert mm.is_vlm(model) and processor.image_token_id == model.cfg.image_token_id
