@@ -34,7 +34,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from dmpo_jax import plan, sampling, steps
+from dmpo_jax import plan, sampling
+from dmpo_jax.training import steps
 from dmpo_jax.models import attention
 from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.models.transformer import Transformer

@@ -46,7 +46,7 @@ def main(argv=None):
   import jax.numpy as jnp
   from flax import nnx
 
-  from dmpo_jax import steps
+  from dmpo_jax.training import steps
   from dmpo_jax.models.hf import config_from_hf
   from dmpo_jax.models.transformer import Transformer
   from dmpo_jax.objectives import presets

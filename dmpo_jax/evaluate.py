@@ -47,8 +47,9 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_dict
 
-from dmpo_jax import checkpoint as ckpt_lib
-from dmpo_jax import evaluation, multimodal, pipeline, report
+from dmpo_jax.training import checkpoint as ckpt_lib
+from dmpo_jax.training import evaluation, pipeline, report
+from dmpo_jax import multimodal
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import hf
 from dmpo_jax.objectives import presets

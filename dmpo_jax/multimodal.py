@@ -24,7 +24,7 @@ import hashlib
 import json
 import time
 
-from dmpo_jax import pipeline
+from dmpo_jax.training import pipeline
 from dmpo_jax import tasks as tasks_lib
 
 MARKERS = ("<|vision_start|>", "<|vision_end|>")  # around the image span, when the tokenizer has them

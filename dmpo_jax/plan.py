@@ -21,7 +21,7 @@ import types
 import jax
 import numpy as np
 
-from dmpo_jax import sharding
+from dmpo_jax.parallel import sharding
 from dmpo_jax.models import attention
 from dmpo_jax.models.config import ATTENTION, ModelConfig, as_dtype
 

@@ -292,7 +292,7 @@ def execute(run: Run, out: str, train_fn, log=print) -> dict:
 
 
 def write_manifest(out: str, args: dict, runs: list[Run]) -> None:
-  from dmpo_jax import report
+  from dmpo_jax.training import report
   path = os.path.join(out, "sweep.json")
   old = report.read_json(path) if os.path.exists(path) else {}
   labels = list(dict.fromkeys(old.get("labels", []) + [r.label for r in runs]))

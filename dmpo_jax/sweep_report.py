@@ -21,7 +21,8 @@ import tempfile
 
 import numpy as np
 
-from dmpo_jax import report, stats
+from dmpo_jax.training import report
+from dmpo_jax import stats
 
 NOT_LOGGED = "not logged"
 # (name in the report, what it is): keys of the evaluation's "overall" dict after RL.

@@ -34,9 +34,11 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_flags
 
-from dmpo_jax import checkpoint as ckpt_lib
-from dmpo_jax import distributed as dist
-from dmpo_jax import evaluation, multimodal, pipeline, report, sharding, steps
+from dmpo_jax.training import checkpoint as ckpt_lib
+from dmpo_jax.parallel import distributed as dist
+from dmpo_jax.training import evaluation, pipeline, report, steps
+from dmpo_jax import multimodal
+from dmpo_jax.parallel import sharding
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import hf, tokenizer as tok_lib
 from dmpo_jax.models.config import ModelConfig

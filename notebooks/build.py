@@ -71,7 +71,7 @@ resumes from the workdir."""),
 workdir = "runs/quickstart_dmpo"
 results = train_lib.train(cfg, workdir)'''),
     new_code_cell(r'''import matplotlib.pyplot as plt
-from dmpo_jax import report
+from dmpo_jax.training import report
 rows = [r for r in report.read_metrics(f"{workdir}/metrics.jsonl") if r["stage"] == "rl"]
 fig, axes = plt.subplots(1, 3, figsize=(13, 3))
 for ax, key in zip(axes, ["reward_mean", "qr_mean", "distinct"]):
@@ -105,7 +105,8 @@ print("update:", {k: round(float(metrics[k]), 4) for k in ("loss", "pg_loss", "d
 Each task can draw its instance (MM-NP-Bench); the strict verifier says why
 an answer is refused."""),
     new_code_cell(r'''import numpy as np
-from dmpo_jax import pipeline, sampling, tasks
+from dmpo_jax.training import pipeline
+from dmpo_jax import sampling, tasks
 from dmpo_jax.models import hf
 model, tok = hf.load(f"{workdir}/hf")
 enc = pipeline.PromptEncoder(tok, "compact", cfg.model.max_prompt_len)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from ml_collections import config_dict
 
-from dmpo_jax import pipeline, train
+from dmpo_jax.training import pipeline
+from dmpo_jax import train
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import tokenizer as tok_lib
 from dmpo_jax.tasks import rewards as rewards_lib
@@ -56,7 +57,7 @@ def test_collapse_config_switches_on_only_with_the_block():
 def sft_run(encoder, targets, collapse=COLLAPSE):
   cfg = config_dict.ConfigDict(dict(sft=dict(solutions_per_instance=4, batch_size=8, targets=targets)))
   taskset = pipeline.TaskSet(["maximum-set", "GCP-D"], "tiny", 0, collapse=collapse)
-  return types.SimpleNamespace(cfg=cfg, taskset=taskset, encoder=encoder, prompt_len=LP,
+  return types.SimpleNamespace(cfg=cfg, taskset=taskset, encoder=encoder, prompt_len=LP, vl_cfg=None,
                                completion_len=LT)
 
 
@@ -122,7 +123,7 @@ def test_term_gradient_norms_are_those_of_each_term():
   import optax
   from flax import nnx
   from configs import nphard
-  from dmpo_jax import steps
+  from dmpo_jax.training import steps
   from dmpo_jax.objectives import presets
   cfg = nphard.get_config("smoke")
   cfg.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
@@ -162,7 +163,7 @@ def test_evaluation_reports_optima_and_pass_at_k_both_ways(encoder):
   """Two maximum-set problems, 4 samples each: problem 0 answers optimum a, a, b and an
   infeasible text; problem 1 answers a feasible non-optimal set 4 times."""
   import jax
-  from dmpo_jax import evaluation
+  from dmpo_jax.training import evaluation
   from dmpo_jax.tasks import scoring
   key = "maximum-set"
   task = tasks_lib.get(key)

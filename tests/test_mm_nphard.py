@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from dmpo_jax import multimodal as mm
-from dmpo_jax import pipeline, tasks
+from dmpo_jax.training import pipeline
+from dmpo_jax import tasks
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs"))
 import mm_nphard  # noqa: E402
@@ -121,7 +122,7 @@ def test_image_encoder_refuses_text_styles_and_bad_configs(smoke_vlm):
   text.model.vision = {}  # a text model cannot take image prompts
   with pytest.raises(ValueError, match="needs a vision-language model"):
     mm.make_run_encoder(text, processor.tokenizer, None)
-  from dmpo_jax import sharding
+  from dmpo_jax.parallel import sharding
   from dmpo_jax import train as train_lib
   dph = mm_nphard.get_config("smoke,algo=dph_js")
   with pytest.raises(ValueError, match="config.rl.algo='dph_js'"):

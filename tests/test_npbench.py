@@ -475,7 +475,8 @@ def test_keyed_file_evaluates_with_its_own_prompts(tmp_path):
   file's ground truth is the denominator."""
   import jax
   from absl.testing import flagsaver
-  from dmpo_jax import evaluate, evaluation
+  from dmpo_jax import evaluate
+  from dmpo_jax.training import evaluation
   from dmpo_jax.tasks import rewards
 
   def with_answer(r):  # the "policy" below answers whatever follows SOLVE in its prompt

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dmpo_jax import steps
+from dmpo_jax.training import steps
 from tests.helpers import tiny_model
 
 P, T = 6, 12

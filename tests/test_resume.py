@@ -9,7 +9,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from dmpo_jax import checkpoint as ckpt_lib
+from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax import train as train_lib
 from dmpo_jax.objectives import presets
 from tests.test_train import smoke

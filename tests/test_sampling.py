@@ -182,7 +182,7 @@ def test_update_recomputes_the_samplers_logprobs_on_left_padded_batch(attention)
   """PPO ratio 1 at the first step: the update's log-probs (steps.make_logprob_fn) of a
   freshly sampled batch with mixed prompt lengths equal the sampler's, through the one
   definition of padding and positions (models.positions)."""
-  from dmpo_jax import steps
+  from dmpo_jax.training import steps
 
   model = tiny_model(scale=3.0, attention=attention)
   prompts = random_prompts(4, 1, 9, 61, seed=7)  # lengths differ: 1..9 tokens

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from dmpo_jax import report, stats, sweep, sweep_report
+from dmpo_jax.training import report
+from dmpo_jax import stats, sweep, sweep_report
 from dmpo_jax.objectives import presets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,13 +33,14 @@ def test_settings_cover_the_issue_list_and_share_sft():
   for label, over in sweep.SETTINGS.items():
     c = sweep.apply_overrides(cfg, over, label)  # every field exists and takes its value
     seen[label] = (c.rl.algo, c.rl.group_size, c.rl.objective.dm_coef, c.rl.objective.dm_alpha,
-                   c.rl.objective.kl_coef, c.rl.objective.policy_loss)
+                   c.rl.objective.kl_coef, c.rl.objective.policy_loss, c.dph.weighting)
     assert sweep.sft_key(c) == sweep.sft_key(cfg), f"{label} would not share the SFT stage"
   assert len(set(seen.values())) == len(seen), "two labels run the same setting"
   assert {l for l, s in seen.items() if s[1] == 16} == {"grpo-g16", "dmpo-2-a1_15-g16"}
   assert seen["dmpo"][2:4] == (0.5, 1.0) and seen["dmpo-20-a1_15"][2:4] == (20.0, 1 / 15)
   assert sorted(s[4] for l, s in seen.items() if l.startswith("rkl")) == [0.01, 0.1]
   assert seen["dm_only-2-a1_15"][5] == "none"
+  assert seen["dph_f"][6] == "per_sample" and seen["dph_f-sep"][6] == "separate"
   assert cfg.rl.group_size == 8  # the config itself is untouched
 
 

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from dmpo_jax import checkpoint as ckpt_lib
+from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax import train as train_lib
 from dmpo_jax.models import hf
 
@@ -145,7 +145,7 @@ def test_meshes_match_one_device(mesh, tmp_path, one_device_run):
 def test_parameters_sharded_as_the_rules_say():
   from flax import nnx
   from jax.sharding import PartitionSpec as P
-  from dmpo_jax import sharding
+  from dmpo_jax.parallel import sharding
   model, _ = train_lib.build_model(smoke())
   _, state = nnx.split(model)
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
@@ -260,7 +260,7 @@ def test_micro_batches_match_one_batch_exactly_when_slice_exact(algo):
   objectives presets.slice_exact names (what auto micro-batching relies on), not for others."""
   import optax
   from flax import nnx
-  from dmpo_jax import steps
+  from dmpo_jax.training import steps
   from dmpo_jax.objectives import presets
   cfg = smoke()
   model, _ = train_lib.build_model(cfg)
@@ -289,7 +289,7 @@ def test_micro_batches_match_one_batch_exactly_when_slice_exact(algo):
 
 
 def test_auto_micro_batches():
-  from dmpo_jax import sharding
+  from dmpo_jax.parallel import sharding
   from dmpo_jax.objectives import presets
   cfg = smoke()  # 8 prompts per step
   one = sharding.make_mesh({"data": 1}, jax.devices()[:1])

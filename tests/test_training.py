@@ -9,9 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dmpo_jax import checkpoint as ckpt_lib
-from dmpo_jax import distributed as dist
-from dmpo_jax import evaluation, pipeline, report, sharding
+from dmpo_jax.training import checkpoint as ckpt_lib
+from dmpo_jax.parallel import distributed as dist
+from dmpo_jax.training import evaluation, pipeline, report
+from dmpo_jax.parallel import sharding
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import tokenizer as tok_lib
 from dmpo_jax.objectives import presets
@@ -255,3 +256,13 @@ def test_log_term_grads_interval():
   for bad in (-1, 2.5, "4"):
     with pytest.raises(ValueError, match="log_term_grads"):
       every(bad)
+
+
+def test_old_module_paths_are_the_moved_modules():
+  import importlib
+  import dmpo_jax
+  for old, new in dmpo_jax.MOVED.items():
+    assert importlib.import_module(old) is importlib.import_module(new), old
+  from dmpo_jax import pipeline as old_style  # the `from package import name` form too
+  from dmpo_jax.training import pipeline as new_style
+  assert old_style is new_style

@@ -9,7 +9,8 @@ import optax
 import pytest
 from flax import nnx
 
-from dmpo_jax import sampling, steps
+from dmpo_jax import sampling
+from dmpo_jax.training import steps
 from dmpo_jax.models import hf, qwen2_5_vl, vision
 from dmpo_jax.objectives import presets
 from dmpo_jax.sampling import sampler as sampler_lib

@@ -5,7 +5,7 @@ scaling, multimodal sections), optional per-head q/k RMSNorm (Qwen3),
 grouped-query attention with an optional explicit KV cache, SwiGLU MLP,
 optional QKV bias, tied or untied embeddings, separate parameter and
 compute dtypes. Every parameter carries logical axis names (`out_sharding`
-metadata) that `dmpo_jax.sharding` maps to mesh axes.
+metadata) that `dmpo_jax.parallel.sharding` maps to mesh axes.
 
 Shapes: B batch, L tokens in this call, S key/cache length,
 D model, F ffn, N query heads, K kv heads, H head dim, V vocab.
@@ -43,7 +43,7 @@ def _param(rngs: nnx.Rngs, shape, dtype, names, scale: float | None = None, zero
     std = scale if scale is not None else 0.02
     value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
   # eager_sharding=False: the model is built on one device (or abstractly)
-  # and sharded by dmpo_jax.sharding from these names.
+  # and sharded by dmpo_jax.parallel.sharding from these names.
   return nnx.Param(value, out_sharding=names, eager_sharding=False)
 
 

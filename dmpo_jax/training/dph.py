@@ -17,8 +17,8 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
-from dmpo_jax import distributed as dist
-from dmpo_jax import pipeline
+from dmpo_jax.parallel import distributed as dist
+from dmpo_jax.training import pipeline
 
 STORE = "dph_store.npz"
 STORE_VERSION = 2  # 2: D_pef drawn from the RL stream (flat stream indices); 1: a separate pool

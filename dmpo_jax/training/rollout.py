@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dmpo_jax import distributed as dist
-from dmpo_jax import pipeline, steps
+from dmpo_jax.parallel import distributed as dist
+from dmpo_jax.training import pipeline, steps
 from dmpo_jax.objectives import shaping
 from dmpo_jax.sampling import sampler as sampler_lib
 

@@ -1,6 +1,6 @@
 """The update: optimizers, micro-batching, and one step on a batch (SFT or RL).
 
-The jitted step functions themselves are `dmpo_jax.steps` (`make_rl_step`,
+The jitted step functions themselves are `dmpo_jax.training.steps` (`make_rl_step`,
 `make_sft_step`): pure functions of (params, opt_state, batch) with explicit
 shardings and donation. `update` runs one and advances the train state.
 """
@@ -12,8 +12,8 @@ import dataclasses
 import jax
 import optax
 
-from dmpo_jax import distributed as dist
-from dmpo_jax import sharding
+from dmpo_jax.parallel import distributed as dist
+from dmpo_jax.parallel import sharding
 from dmpo_jax.objectives import presets
 from dmpo_jax.training.state import TrainState
 

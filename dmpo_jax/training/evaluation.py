@@ -12,8 +12,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from dmpo_jax import distributed as dist
-from dmpo_jax import pipeline
+from dmpo_jax.parallel import distributed as dist
+from dmpo_jax.training import pipeline
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.tasks import diversity, optima, scoring
 

@@ -1,0 +1,1 @@
+"""Parallelism: device meshes and sharding rules (sharding.py), multi-process runs (distributed.py)."""
