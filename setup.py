@@ -27,6 +27,7 @@ setup(
     extras_require={
         "test": [
             "pytest",
+            "pytest-xdist",  # the suite runs in two processes (-n 2)
             "chex",
             "hypothesis",
             # Only the reference in parity tests; the CPU wheel of this pin is on disk.
