@@ -89,6 +89,26 @@ def test_prefetch_renders_the_next_step_on_a_worker_thread(smoke_vlm):
   text.wait()
 
 
+def test_chat_template_keeps_the_image_span(smoke_vlm):
+  """In a chat template (instruction models) the image markers stay single tokens."""
+  import copy
+  cfg, _, processor = smoke_vlm
+  chat = copy.copy(processor)
+  chat.tokenizer = copy.deepcopy(processor.tokenizer)
+  chat.tokenizer.chat_template = ("{% for m in messages %}user: {{ m['content'] }}\n{% endfor %}"
+                                  "{% if add_generation_prompt %}assistant: {% endif %}")
+  cache = mm.ImageCache(chat, cfg.image.size)
+  enc = mm.ImagePromptEncoder(chat, "npbench_image", 10**9, True, cache=cache)
+  key, q = "knapsack", tasks.get("knapsack").generate(0, "tiny")
+  ids = enc.encode(key, q)
+  n = processor.num_image_tokens(enc.images(key, q)["image_grid_thw"])[0]
+  assert ids.count(processor.image_token_id) == n
+  start = ids.index(chat.tokenizer.convert_tokens_to_ids(mm.MARKERS[0]))
+  assert ids[start + 1:start + 1 + n] == [processor.image_token_id] * n
+  assert ids[start + 1 + n] == chat.tokenizer.convert_tokens_to_ids(mm.MARKERS[1])
+  assert chat.tokenizer.decode(ids, skip_special_tokens=True).endswith("assistant: ")
+
+
 def test_blank_control_keeps_ids_and_grid_and_drops_the_instance(smoke_vlm):
   cfg, _, processor = smoke_vlm
   enc = mm.make_encoder(cfg, processor)

@@ -158,7 +158,7 @@ class PromptEncoder:
     if self.chat:
       ids = self.tok.apply_chat_template([{"role": "user", "content": text}],
                                          add_generation_prompt=True, tokenize=True)
-      ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+      ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5: a BatchEncoding
     else:
       ids = self.tok.encode(text, add_special_tokens=False)
       if self.bos is not None:
