@@ -77,6 +77,7 @@ VL_CONFIG = dict(
     text_config=dict(vocab_size=512, hidden_size=256, intermediate_size=704,
                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                      max_position_embeddings=4096, rms_norm_eps=1e-6, hidden_act="silu",
+                     bos_token_id=0, eos_token_id=1,
                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                       "mrope_section": [8, 12, 12]}),
     tie_word_embeddings=False)

@@ -12,6 +12,12 @@ and each row's own cache has T = max_new_tokens slots. Decoding runs in
 under 32 slots), so early tokens do not read the empty slots of later ones.
 The loop stops when every row has emitted EOS (or a stop token) or T tokens.
 
+Image prompts (a `Qwen2_5_VL` model, `images=`): the vision tower runs once per
+prompt in the prefill, over the prompt's images padded to a patch budget, and
+its features stand at the prompt's image-pad tokens; the prompt's keys and
+values are then shared by its samples as above. Decode positions continue the
+prompt's multimodal positions (`mrope.rope_index`'s deltas).
+
 Log-probs are float32 log_softmax(logits / temperature) at the sampled token,
 the quantity the update recomputes under the current parameters (top-k /
 top-p truncation shapes what is sampled, not the reported log-prob). Greedy
@@ -182,7 +188,7 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
     logprobs = jax.lax.dynamic_update_slice(st.logprobs, logp[:, None], (0, st.t))
     done = st.done | jnp.any(tok[:, None] == end_ids[None, :], axis=1)
     # Feed the token just sampled (generated slot t, key P + t) to get the next logits;
-    # its position is P + t - offset.
+    # its position is P + t - offset (+ the prompt's delta with images).
     next_logits, cache = lm(tok[:, None], step_positions(st.t), offsets=row_offsets,
                             cache=st.cache, cache_index=st.t)
     return _LoopState(t=st.t + 1, logits=next_logits[:, 0], cache=cache, tokens=tokens,
