@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 
-from PIL import Image, ImageDraw, ImageFont
-
 BG, FG, EDGE, NODE, GRID = "white", "black", (90, 90, 90), (222, 235, 255), (200, 200, 200)
 PALETTE = [(66, 133, 244), (219, 68, 55), (244, 180, 0), (15, 157, 88), (171, 71, 188),
            (0, 172, 193), (255, 112, 67), (158, 157, 36)]
 
 
+# PIL is imported where it draws, so that importing the tasks (and the training layer, and the
+# device benchmark) does not need it.
 def font(px: int):
+  from PIL import ImageFont
   px = max(8, int(px))
   try:
     return ImageFont.load_default(size=px)
@@ -20,6 +21,7 @@ def font(px: int):
 
 
 def canvas(size: int, title: str):
+  from PIL import Image, ImageDraw
   img = Image.new("RGB", (size, size), BG)
   d = ImageDraw.Draw(img)
   d.text((size // 2, 4), title, fill=FG, font=font(size / 28), anchor="ma")
