@@ -67,7 +67,8 @@ def random_prompts(n, lo, hi, vocab, seed=0):
 START, IMAGE, END = 7, 8, 9  # the tiny tokenizer's <|vision_start|>, <|image_pad|>, <|vision_end|>
 
 
-def tiny_vl_hf_config():
+def tiny_vl_hf_config(start=START, image=IMAGE, end=END):
+  """The tiny Qwen2.5-VL config of the VL tests (token ids as the caller's tokenizer has them)."""
   from transformers import Qwen2_5_VLConfig
 
   # window_size 56 = 2 merged tokens a side: each image is cut into several windows (one of
@@ -79,9 +80,9 @@ def tiny_vl_hf_config():
             num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=1,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                              "mrope_section": [2, 1, 2]})
-  return Qwen2_5_VLConfig(vision_config=vc, text_config=tc, image_token_id=IMAGE,
-                          video_token_id=100, vision_start_token_id=START,
-                          vision_end_token_id=END)
+  return Qwen2_5_VLConfig(vision_config=vc, text_config=tc, image_token_id=image,
+                          video_token_id=100, vision_start_token_id=start,
+                          vision_end_token_id=end)
 
 
 def save_tiny_vl_processor(path, vision_cfg):

@@ -16,26 +16,14 @@ from dmpo_jax.models.hf import CheckpointError
 from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.models.transformer import rope, rope_tables
 from dmpo_jax.models.vl_processor import VLProcessor, build_image_processor
+from tests.helpers import tiny_vl_hf_config
 
 IMAGE, START, END = 99, 97, 98  # image-pad, vision-start, vision-end token ids of the tiny model
 GRIDS = np.array([[1, 4, 6], [1, 8, 8]])  # patches: 24 and 64; merged tokens: 6 and 16
 
 
 def _tiny_hf_config():
-  from transformers import Qwen2_5_VLConfig
-
-  # window_size 56 = 2 merged tokens (2 x 2 patches of 14 px) a side: the 2 x 3 merged grid
-  # has a full and a cut window, the 4 x 4 one four full windows; block 1 attends fully.
-  vc = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, in_channels=3,
-            patch_size=14, temporal_patch_size=2, spatial_merge_size=2, window_size=56,
-            out_hidden_size=40, fullatt_block_indexes=[1])
-  tc = dict(vocab_size=101, hidden_size=40, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=1,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                             "mrope_section": [2, 1, 2]})
-  return Qwen2_5_VLConfig(vision_config=vc, text_config=tc, image_token_id=IMAGE,
-                          video_token_id=100, vision_start_token_id=START,
-                          vision_end_token_id=END)
+  return tiny_vl_hf_config(start=START, image=IMAGE, end=END)
 
 
 @pytest.fixture(scope="module")
