@@ -39,6 +39,22 @@ DEFAULT_CONFIG = dict(
     tie_word_embeddings=False, hidden_act="silu")
 
 
+
+def time_sampler(gen, reps: int):
+  """(best seconds of `reps` calls, seconds of the first call with its compilation, last
+  output) of gen(key) -> Rollout."""
+  import jax
+  t = time.perf_counter()
+  gen(jax.random.key(0)).tokens.block_until_ready()
+  compile_s = time.perf_counter() - t
+  times = []
+  for i in range(reps):
+    t = time.perf_counter()
+    out = gen(jax.random.key(i + 1))
+    out.tokens.block_until_ready()
+    times.append(time.perf_counter() - t)
+  return min(times), compile_s, out
+
 def matmul_rate(n: int = 1024, reps: int = 20, blocks: int = 5) -> float:
   """Measured XLA float32 matmul FLOP/s on this machine (n x n x n): the best of
   `blocks` timings of `reps` matmuls each (best-of, like the timings it is compared with)."""
@@ -132,17 +148,9 @@ def image_case(args):
     torch_tps = rows * args.new_tokens / min(times)
   gen = lambda key: sampling.generate(model, plist, rng=key, max_new_tokens=args.new_tokens,
                                       num_samples=args.samples, images=images)
-  t = time.perf_counter()
-  gen(jax.random.key(0)).tokens.block_until_ready()
-  compile_s = time.perf_counter() - t
-  times = []
-  for i in range(args.reps):
-    t = time.perf_counter()
-    out = gen(jax.random.key(i + 1))
-    out.tokens.block_until_ready()
-    times.append(time.perf_counter() - t)
+  best_s, compile_s, out = time_sampler(gen, args.reps)
   assert int(out.mask.sum()) == rows * args.new_tokens
-  return rows * args.new_tokens / min(times), torch_tps, compile_s, cfg
+  return rows * args.new_tokens / best_s, torch_tps, compile_s, cfg
 
 
 def main(argv=None):
@@ -211,21 +219,13 @@ def main(argv=None):
   plist = [list(p) for p in prompts]
   gen = lambda key: sampling.generate(model, plist, rng=key, max_new_tokens=args.new_tokens,
                                       num_samples=args.samples)
-  t = time.perf_counter()
-  gen(jax.random.key(0)).tokens.block_until_ready()
-  compile_s = time.perf_counter() - t
-  times = []
-  for i in range(args.reps):
-    t = time.perf_counter()
-    out = gen(jax.random.key(i + 1))
-    out.tokens.block_until_ready()
-    times.append(time.perf_counter() - t)
+  best_s, compile_s, out = time_sampler(gen, args.reps)
   assert int(out.mask.sum()) == rows * args.new_tokens
-  ours_tps = rows * args.new_tokens / min(times)
+  ours_tps = rows * args.new_tokens / best_s
 
   rate = matmul_rate()
   flops = decode_flops(cfg, rows, args.prompt_len, args.new_tokens)
-  bound_frac = flops / min(times) / rate
+  bound_frac = flops / best_s / rate
 
   print(f"model: {cfg.num_layers} layers, D={cfg.hidden_size}, F={cfg.intermediate_size}, "
         f"N={cfg.num_heads}, K={cfg.num_kv_heads}, V={cfg.vocab_size}; "
@@ -237,7 +237,7 @@ def main(argv=None):
     print(f"{'transformers generate':28s}{torch_tps:12.0f}")
     print(f"{'ratio (ours / transformers)':28s}{ours_tps / torch_tps:12.2f}")
   print(f"matmul rate measured: {rate / 1e9:.1f} GFLOP/s; decode at "
-        f"{flops / min(times) / 1e9:.1f} GFLOP/s = {100 * bound_frac:.1f}% of the compute bound")
+        f"{flops / best_s / 1e9:.1f} GFLOP/s = {100 * bound_frac:.1f}% of the compute bound")
   print(json.dumps({"ours_tokens_per_s": round(ours_tps, 1),
                     "transformers_tokens_per_s": None if torch_tps is None else round(torch_tps, 1),
                     "ratio": None if torch_tps is None else round(ours_tps / torch_tps, 3),
