@@ -7,8 +7,15 @@ solutions, an SFT start that is competent and diverse, then RL at group size 8 o
     python -m dmpo_jax.sweep --config=configs/collapse.py --out=runs/sweep   # every preset x 5 seeds
 
 Arguments after the colon (comma-separated): `algo=<preset>`, `level=<level>`,
-`seed=<int>`, `tasks=<key+key+...>`, `group=<8|16>`, and `smoke`. Everything
-else is configs/nphard.py's default run.
+`seed=<int>`, `tasks=<key+key+...>`, `group=<8|16>`, `pool=<N>`, and `smoke`.
+Everything else is configs/nphard.py's default run.
+
+Two regimes (docs/COLLAPSE.md):
+- held-out (default): SFT and RL draw fresh instances, evaluation is on instances never
+  trained on; the tiny policy generalises weakly (about a fifth of samples optimal).
+- `pool=N`: SFT, RL and evaluation all use the same N instances per task (RLVR on a fixed
+  prompt set). The SFT start then knows each instance's optimal set, and collapse is
+  measured on the prompts RL trains on; DPH's D_pef follows the authors' all-correct rule.
 
 What the trainer reads beyond configs/nphard.py: `sft.targets` (SFT on optimal
 solutions), `collapse.*` (instance filter by number of optima; collapse metrics
@@ -26,7 +33,7 @@ from ml_collections import config_dict  # noqa: E402
 # Tasks whose `tiny` instances have >= 2 optima most often (docs/COLLAPSE.md, 50 instances each):
 # GCP-D 72%, maximum-set 56%, maximum_clique_problem 54%, subset-sum 36%.
 DEFAULT_TASKS = "GCP-D+maximum-set+maximum_clique_problem+subset-sum"
-KNOWN = {"algo", "level", "seed", "tasks", "group", "smoke"}
+KNOWN = {"algo", "level", "seed", "tasks", "group", "smoke", "pool"}
 
 
 def _parse(arg: str | None) -> dict:
@@ -79,9 +86,15 @@ def get_config(arg: str | None = None):
       max_optima=16,        # (complete enumerations only; optima.optima_in_range)
       keep_k=8,             # DPH-RL's keep / exploration split: base pass@8
       correct=("feasible", "optimal"),  # pass@k / keep / exploration reported for both
+      pool=0,               # > 0: train and evaluate on a fixed pool of N instances per task
   ))
   # pass@k and QR@k for every k = 1..64 need >= 64 samples per held-out instance.
   c.eval.update(num_per_task=12, samples=64, pass_ks=tuple(range(1, 65)), batch_prompts=24)
+  pool = int(opts.get("pool", 0))
+  if pool:
+    c.collapse.pool = pool
+    c.eval.num_per_task = pool
+    c.dph.pef_threshold = 1.0  # DPH-RL's rule: all 8 samples optimal
   if opts.get("smoke"):
     c.collapse.update(limit=16, time_limit=2.0)
     c.eval.update(num_per_task=1, samples=8, pass_ks=(1, 8), batch_prompts=8)

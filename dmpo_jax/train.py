@@ -143,6 +143,10 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
     raise ValueError(f"config.rl.algo={cfg.rl.algo!r}: DPH pre-sampling does not store image "
                      "prompts yet; use a non-dph preset with config.prompt_style="
                      f"{cfg.prompt_style!r}")
+  pool = int((cfg.get("collapse") or {}).get("pool", 0))
+  if pool and cfg.eval.num_per_task > pool:
+    raise ValueError(f"config.eval.num_per_task={cfg.eval.num_per_task} exceeds config.collapse.pool="
+                     f"{pool}: with a pool, evaluation is on the pool's instances")
   targets = cfg.sft.get("targets", "sampled")
   if targets not in SFT_TARGETS:
     raise ValueError(f"config.sft.targets={targets!r}; choose one of {SFT_TARGETS}")
@@ -331,7 +335,8 @@ def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
   check_config(cfg, obj, mesh)
   taskset = pipeline.TaskSet(task_keys(cfg), cfg.level, cfg.seed,
                              pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level),
-                             collapse=pipeline.Collapse.from_config(cfg))
+                             collapse=pipeline.Collapse.from_config(cfg),
+                             pool=int((cfg.get("collapse") or {}).get("pool", 0)))
   reward_cfg = rewards_lib.RewardConfig(**dict(cfg.rl.reward))
   if dist.is_main():
     report.write_json(json.loads(cfg.to_json_best_effort()), os.path.join(workdir, "config.json"))
@@ -389,24 +394,22 @@ def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     return state, False
   sft_step = steps.make_sft_step(run.graphdef, run.sft_opt, run.prompt_len, **run.vision_opts("sft"),
                                  shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep))
-  prefetch = multimodal.Prefetch(run.encoder)  # image prompts: the next step's renders
-  while state.step < cfg.sft.steps:
-    t0 = time.time()
-    prefetch.wait()
-    batch = sft_batch(run, state.step)
-    if state.step + 1 < cfg.sft.steps:
-      n = cfg.sft.batch_size // cfg.sft.solutions_per_instance
-      prefetch.warm(lambda s=state.step + 1: run.taskset.train("sft", s, n))
-    state, m = update(state, dist.tree_to_global(batch, run.data_sh), sft_step)
-    run.times["sft"] += time.time() - t0
-    run.log(state, "sft", {"loss": m["loss"], "grad_norm": m["grad_norm"]}, cfg.sft.steps,
-            {"stage": "sft", "loss": f"{float(m['loss']):.3f}"})
-    if state.step % cfg.checkpoint.every == 0 or state.step == cfg.sft.steps:
-      run.save(state, "sft")
-    if run.maybe_stop(state, "sft", stop):
-      prefetch.close()
-      return state, True
-  prefetch.close()
+  with multimodal.Prefetch(run.encoder) as prefetch:  # image prompts: the next step's renders
+    while state.step < cfg.sft.steps:
+      t0 = time.time()
+      prefetch.wait()
+      batch = sft_batch(run, state.step)
+      if state.step + 1 < cfg.sft.steps:
+        n = cfg.sft.batch_size // cfg.sft.solutions_per_instance
+        prefetch.warm(lambda s=state.step + 1: run.taskset.train("sft", s, n))
+      state, m = update(state, dist.tree_to_global(batch, run.data_sh), sft_step)
+      run.times["sft"] += time.time() - t0
+      run.log(state, "sft", {"loss": m["loss"], "grad_norm": m["grad_norm"]}, cfg.sft.steps,
+              {"stage": "sft", "loss": f"{float(m['loss']):.3f}"})
+      if state.step % cfg.checkpoint.every == 0 or state.step == cfg.sft.steps:
+        run.save(state, "sft")
+      if run.maybe_stop(state, "sft", stop):
+        return state, True
   return state, False
 
 
@@ -471,48 +474,46 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   ref_fn = (lambda seqs: logprob_eval(reference, seqs)) if reference is not None else None
   consecutive, first_rl = 0, state.step
   traces0 = {k: steps.TRACES[k] for k in ("rl_update", "rl_update_terms")}
-  prefetch = multimodal.Prefetch(run.encoder)  # image prompts: the next step's renders
-  while state.step < total:
-    t0 = time.time()
-    prefetch.wait()
-    rl_step = state.step - cfg.sft.steps
-    items = dph.rl_items(store, run.taskset, rl_step, cfg.rl.prompts_per_step)
-    rollouts = collect_rollouts(
-        rl_sampler, state.params, items, run.encoder, key=state.rl_key(),
-        group_size=cfg.rl.group_size, chunks=cfg.rl.rollout_chunks, reward_cfg=run.reward_cfg,
-        objective=obj, prompt_len=run.prompt_len, completion_len=run.completion_len,
-        data_sh=run.data_sh, ref_fn=ref_fn, collapse=run.taskset.collapse,
-        **({} if run.vl_cfg is None else {"images": lambda pt, pm: run.images(items, pt, pm)}))
-    batch = rollouts.batch(run.data_sh)
-    batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch), run.data_sh))
-    if state.step + 1 < total:
-      prefetch.warm(lambda s=rl_step + 1: dph.rl_items(store, run.taskset, s, cfg.rl.prompts_per_step))
-    t2 = time.time()
-    state, m = update(state, batch, rl_update_terms if every and rl_step % every == 0 else rl_update)
-    update_s = time.time() - t2
-    run.times["rollout"] += rollouts.sample_s
-    run.times["reward"] += rollouts.score_s
-    run.times["update"] += update_s
-    traces = max(steps.TRACES[k] - n for k, n in traces0.items())
-    if cfg.rl.check_recompile and state.step - first_rl >= 2 and traces > 1:
-      raise TrainingError(f"the RL update recompiled ({traces} traces); batch shapes must stay fixed")
-    consecutive = consecutive + 1 if int(m["skipped"]) else 0
-    if consecutive >= cfg.rl.nonfinite_patience:
-      raise TrainingError(
-          f"{consecutive} non-finite losses in a row (at step {state.step}); stopping. The last "
-          f"good checkpoint ({run.ckpt.latest_step()}) is intact. Lower config.rl.lr or check rewards.")
-    row = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
-    row.update(rollouts.metrics(), rollout_s=rollouts.sample_s, reward_s=rollouts.score_s,
-               update_s=update_s)
-    run.log(state, "rl", row, total, {"stage": f"rl/{obj.policy_loss}",
-                                      "reward": f"{row['reward_mean']:.3f}",
-                                      "qr": f"{row['qr_mean']:.3f}", "distinct": f"{row['distinct']:.2f}"})
-    if state.step % cfg.checkpoint.every == 0 or state.step == total:
-      run.save(state, "rl")
-    if run.maybe_stop(state, "rl", stop):
-      prefetch.close()
-      return state, True
-  prefetch.close()
+  with multimodal.Prefetch(run.encoder) as prefetch:  # image prompts: the next step's renders
+    while state.step < total:
+      t0 = time.time()
+      prefetch.wait()
+      rl_step = state.step - cfg.sft.steps
+      items = dph.rl_items(store, run.taskset, rl_step, cfg.rl.prompts_per_step)
+      rollouts = collect_rollouts(
+          rl_sampler, state.params, items, run.encoder, key=state.rl_key(),
+          group_size=cfg.rl.group_size, chunks=cfg.rl.rollout_chunks, reward_cfg=run.reward_cfg,
+          objective=obj, prompt_len=run.prompt_len, completion_len=run.completion_len,
+          data_sh=run.data_sh, ref_fn=ref_fn, collapse=run.taskset.collapse,
+          **({} if run.vl_cfg is None else {"images": lambda pt, pm: run.images(items, pt, pm)}))
+      batch = rollouts.batch(run.data_sh)
+      batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch), run.data_sh))
+      if state.step + 1 < total:
+        prefetch.warm(lambda s=rl_step + 1: dph.rl_items(store, run.taskset, s, cfg.rl.prompts_per_step))
+      t2 = time.time()
+      state, m = update(state, batch, rl_update_terms if every and rl_step % every == 0 else rl_update)
+      update_s = time.time() - t2
+      run.times["rollout"] += rollouts.sample_s
+      run.times["reward"] += rollouts.score_s
+      run.times["update"] += update_s
+      traces = max(steps.TRACES[k] - n for k, n in traces0.items())
+      if cfg.rl.check_recompile and state.step - first_rl >= 2 and traces > 1:
+        raise TrainingError(f"the RL update recompiled ({traces} traces); batch shapes must stay fixed")
+      consecutive = consecutive + 1 if int(m["skipped"]) else 0
+      if consecutive >= cfg.rl.nonfinite_patience:
+        raise TrainingError(
+            f"{consecutive} non-finite losses in a row (at step {state.step}); stopping. The last "
+            f"good checkpoint ({run.ckpt.latest_step()}) is intact. Lower config.rl.lr or check rewards.")
+      row = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
+      row.update(rollouts.metrics(), rollout_s=rollouts.sample_s, reward_s=rollouts.score_s,
+                 update_s=update_s)
+      run.log(state, "rl", row, total, {"stage": f"rl/{obj.policy_loss}",
+                                        "reward": f"{row['reward_mean']:.3f}",
+                                        "qr": f"{row['qr_mean']:.3f}", "distinct": f"{row['distinct']:.2f}"})
+      if state.step % cfg.checkpoint.every == 0 or state.step == total:
+        run.save(state, "rl")
+      if run.maybe_stop(state, "rl", stop):
+        return state, True
   return state, False
 
 

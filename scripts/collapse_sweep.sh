@@ -5,15 +5,19 @@
 #      processes (the 2-core CPU runs two small models at once faster than one after the other);
 #   3. the report (runs/collapse_sweep/report.md, report.json, curves.png, pass_at_k.png).
 # Rerun to resume: finished runs are skipped, interrupted ones resume from their checkpoints.
+# The fixed-pool regime (docs/RESULTS.md):
+#   ARGS=pool=12 START=runs/collapse_pool_start OUT=runs/collapse_pool_sweep scripts/collapse_sweep.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 START=${START:-runs/collapse_start}
 OUT=${OUT:-runs/collapse_sweep}
+ARGS=${ARGS:-}  # configs/collapse.py's arguments, e.g. pool=12
 if [ ! -f "$START/hf/model.safetensors" ]; then
-  python -m dmpo_jax.train --config=configs/collapse.py:algo=grpo --config.rl.steps=0 --workdir="$START"
+  python -m dmpo_jax.train --config="configs/collapse.py:algo=grpo${ARGS:+,$ARGS}" --config.rl.steps=0 \
+    --workdir="$START"
 fi
 mkdir -p "$OUT"
-COMMON=(--config=configs/collapse.py --out="$OUT" --seeds=0-4 --set=model.init="$START/hf" --set=sft.steps=0 --set=log.progress=False
+COMMON=(--config="configs/collapse.py${ARGS:+:$ARGS}" --out="$OUT" --seeds=0-4 --set=model.init="$START/hf" --set=sft.steps=0 --set=log.progress=False
         --no_progress)
 python -m dmpo_jax.sweep "${COMMON[@]}" \
   --presets=grpo,dmpo,dmpo-2-a1_15,dmpo-20-a1_15,dm_only-2-a1_15,grpo-g16,dph_f-sep > "$OUT/sweep_a.log" 2>&1 &

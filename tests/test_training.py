@@ -232,6 +232,41 @@ def test_dph_rl_stream_skips_d_pef_and_refills():
   assert dph.rl_items({"pef_index": np.array([], np.int64)}, ts, 2, n) == ts.train("rl", 2, n)
 
 
+def test_taskset_pool_trains_and_evaluates_on_the_same_instances():
+  """collapse.pool: every stage draws from held_out(pool), tasks still cycle, and the draw
+  is a function of (seed, stage, step, row)."""
+  keys = ["subset-sum", "knapsack"]
+  ts = pipeline.TaskSet(keys, "tiny", 3, pool=3)
+  pool = ts.pool_items()
+  assert pool == pipeline.TaskSet(keys, "tiny", 3).held_out(3) and len(pool) == 6
+  rows = [r for s in range(20) for r in ts.train("rl", s, 4)]
+  assert all(r in pool for r in rows)
+  assert [k for k, _ in rows[:4]] == ["subset-sum", "knapsack"] * 2
+  assert len({repr(q) for _, q in rows}) == 6  # 80 draws reach every pool instance
+  assert ts.train("sft", 5, 4) == pipeline.TaskSet(keys, "tiny", 3, pool=3).train("sft", 5, 4)
+  assert ts.train("sft", 5, 4) != ts.train("rl", 5, 4) or ts.train("sft", 6, 4) != ts.train("rl", 6, 4)
+  for s in range(3):
+    for i in range(4):
+      assert pool[ts.pool_id("rl", s, i, 4)] == ts.train("rl", s, 4)[i]
+  assert ts.held_out(2) == [pool[0], pool[1], pool[3], pool[4]]
+  with pytest.raises(ValueError, match="curriculum"):
+    pipeline.TaskSet(keys, "tiny", 3, [(0, "tiny"), (5, "easy")], pool=3)
+
+
+def test_dph_with_a_pool_skips_every_row_that_draws_a_d_pef_instance():
+  from dmpo_jax.training import dph
+  ts = pipeline.TaskSet(["subset-sum", "knapsack"], "tiny", 3, pool=3)
+  n, pef = 4, {0, 4}
+  store = {"pef_index": np.array(sorted(pef))}
+  for s in range(5):
+    got = dph.rl_items(store, ts, s, n)
+    assert len(got) == n and all(it not in [ts.pool_items()[i] for i in pef] for it in got)
+  flat = [f for f in range(200) if ts.pool_id("rl", f // n, f % n, n) not in pef]
+  assert dph.rl_items(store, ts, 2, n) == dph.stream_items(ts, flat[8:12], n)
+  with pytest.raises(ValueError, match="D_exp is empty"):
+    dph.rl_items({"pef_index": np.arange(6)}, ts, 0, n)
+
+
 def test_dph_per_sample_weighting_scales_eta(tmp_path):
   import sys
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs"))

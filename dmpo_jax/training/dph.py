@@ -8,6 +8,10 @@ their per-token log-probs (workdir/dph_store.npz) and the divergence term keeps
 the policy close to them. D_exp is the RL stream minus D_pef: RL skips the D_pef
 prompts and refills from the stream, so a dph_* run trains on as many RL prompts
 per step as any other preset, and on the same ones except D_pef's.
+
+With a fixed instance pool (config.collapse.pool), the pre-sampled prompts are the
+pool's first num_prompts instances, each once, and the index of a prompt is its
+pool index: RL skips every stream row that draws a D_pef instance.
 """
 
 from __future__ import annotations
@@ -46,7 +50,10 @@ def presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, sta
                        "delete it to pre-sample again from the RL stream")
     return {k: z[k] for k in ("pef_tokens", "pef_prompt_mask", "pef_mask", "pef_logprobs",
                               "pef_index", "exp_index")}
-  items = stream_items(taskset, list(range(cfg.dph.num_prompts)), cfg.rl.prompts_per_step)
+  if taskset.pool:
+    items = taskset.pool_items()[:cfg.dph.num_prompts]
+  else:
+    items = stream_items(taskset, list(range(cfg.dph.num_prompts)), cfg.rl.prompts_per_step)
   pef_tok, pef_pm, pef_m, pef_lp, pef_index, exp_index = [], [], [], [], [], []
   chunk = cfg.eval.batch_prompts
   for c0 in range(0, len(items), chunk):
@@ -100,14 +107,21 @@ def rl_items(store, taskset, rl_step: int, n: int) -> list:
   skip = set() if store is None else {int(i) for i in store["pef_index"]}
   if not skip:
     return taskset.train("rl", rl_step, n)
-  return stream_items(taskset, exp_indices(skip, rl_step * n, n), n)
+  if not taskset.pool:
+    return stream_items(taskset, exp_indices(skip, rl_step * n, n), n)
+  if skip >= set(range(len(taskset.pool_items()))):
+    raise ValueError("DPH: every instance of the pool (config.collapse.pool) is in D_pef, so D_exp "
+                     "is empty; raise config.dph.pef_threshold or lower config.dph.num_prompts")
+  ident = lambda f: taskset.pool_id("rl", f // n, f % n, n)
+  return stream_items(taskset, exp_indices(skip, rl_step * n, n, ident), n)
 
 
-def exp_indices(skip: set[int], start: int, n: int) -> list[int]:
-  """Flat stream indices of D_exp's items start..start+n-1 (the stream with `skip` left out)."""
+def exp_indices(skip: set[int], start: int, n: int, ident=lambda f: f) -> list[int]:
+  """Flat stream indices of D_exp's items start..start+n-1: the stream without the rows whose
+  identity (the flat index itself; with a pool, the row's pool index) is in `skip`."""
   out, f, seen = [], 0, 0
   while len(out) < n:
-    if f not in skip:
+    if ident(f) not in skip:
       if seen >= start:
         out.append(f)
       seen += 1

@@ -89,12 +89,23 @@ class TaskSet:
   seed: int
   curriculum: list[tuple[int, str]] | None = None
   collapse: Collapse | None = None  # with it, instances are filtered by their number of optima
+  # pool > 0: every training stage draws from a fixed pool of `pool` instances per task, the
+  # first `pool` held-out ones, and evaluation is on the same instances (the regime of RLVR on
+  # a fixed prompt set, where collapse is measured on the prompts trained on); 0: a fresh
+  # stream of instances, never repeated and never evaluated on.
+  pool: int = 0
 
   def __post_init__(self):
     for k in self.keys:
       tasks_lib.get(k)  # unknown names list the choices
     if self.level not in tasks_lib.LEVELS:
       raise ValueError(f"config.level={self.level!r}; choose from {tasks_lib.LEVELS}")
+    if self.pool < 0:
+      raise ValueError(f"config.collapse.pool={self.pool} must be >= 0")
+    if self.pool and any(lv != self.level for _, lv in self.curriculum or []):
+      raise ValueError("config.collapse.pool (a fixed instance pool) and config.rl.curriculum "
+                       "(levels that change) cannot be combined")
+    self._pool_items = None
 
   def level_at(self, step: int) -> str:
     level = self.level
@@ -105,6 +116,9 @@ class TaskSet:
 
   def train(self, stage: str, step: int, n: int) -> list[tuple[str, dict]]:
     """n (task key, instance) pairs for a stage ('sft', 'rl', 'dph') and step; tasks cycle."""
+    if self.pool:
+      pool = self.pool_items()
+      return [pool[self.pool_id(stage, step, i, n)] for i in range(n)]
     level = self.level_at(step) if stage == "rl" else self.level
     out = []
     for i in range(n):
@@ -112,6 +126,18 @@ class TaskSet:
       seeds = (_seed(self.seed, stage, step, i, *(("redraw", a) if a else ())) for a in range(MAX_REDRAWS))
       out.append((key, self._draw(key, seeds, level, f"{stage} step {step} row {i}")[1]))
     return out
+
+  def pool_items(self) -> list[tuple[str, dict]]:
+    """The fixed pool (pool > 0): held_out(pool), task by task; pool_id indexes it."""
+    if self._pool_items is None:
+      self._pool_items = self.held_out(self.pool)
+    return self._pool_items
+
+  def pool_id(self, stage: str, step: int, i: int, n: int) -> int:
+    """Pool index of row i of n at a stage's step: the task cycles as in the stream, the
+    instance is a hash of (seed, stage, step, row) modulo the pool size."""
+    t = (step * n + i) % len(self.keys)
+    return t * self.pool + _seed(self.seed, stage, step, i) % self.pool
 
   def held_out(self, num_per_task: int, level: str | None = None) -> list[tuple[str, dict]]:
     """num_per_task instances per task from seeds EVAL_SEED0, +1, ...; with the collapse
