@@ -262,7 +262,9 @@ class Prefetch:
 
   `warm(items_fn)` submits items_fn() -> [(task key, instance)] and their images; `wait()`
   returns when it is done. The stages wait before they build a batch, so the cache is
-  never used by two threads at once. A no-op for text prompts."""
+  never used by two threads at once. A no-op for text prompts. Use it as a context manager:
+  leaving the block waits for the last render and stops the thread (after an exception, it
+  only stops the thread, so a render error cannot hide the exception)."""
 
   def __init__(self, encoder):
     self.encoder = encoder if isinstance(encoder, ImagePromptEncoder) else None
@@ -283,7 +285,21 @@ class Prefetch:
       pending.result()  # a render error surfaces here, in the training thread
 
   def close(self) -> None:
-    self.wait()
-    if self._pool is not None:
-      self._pool.shutdown()
-      self._pool = None
+    try:
+      self.wait()
+    finally:
+      if self._pool is not None:
+        self._pool.shutdown()
+        self._pool = None
+
+  def __enter__(self) -> "Prefetch":
+    return self
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    if exc_type is None:
+      self.close()
+    else:
+      self._pending = None
+      if self._pool is not None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = None

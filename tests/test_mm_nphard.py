@@ -84,6 +84,15 @@ def test_prefetch_renders_the_next_step_on_a_worker_thread(smoke_vlm):
   with pytest.raises(TypeError, match="TSP: instance must be a question dict"):
     pre.wait()  # a render error reaches the training thread
   pre.close()
+  with pytest.raises(KeyError, match="in the block"):  # the block's own error, not the render's
+    with mm.Prefetch(enc) as pre:
+      pre.warm(lambda: [("TSP", "not an instance")])
+      raise KeyError("in the block")
+  assert pre._pool is None and pre._pending is None
+  misses = enc.cache.misses
+  with mm.Prefetch(enc) as pre:
+    pre.warm(lambda: ts.train("sft", 2, 2))
+  assert pre._pool is None and enc.cache.misses == misses + 2  # leaving the block waited for them
   text = mm.Prefetch(pipeline.PromptEncoder(processor.tokenizer, "compact", 64))
   text.warm(lambda: 1 / 0)  # text prompts: nothing to render, nothing runs
   text.wait()
