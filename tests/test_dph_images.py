@@ -116,6 +116,9 @@ def test_mm_dph_smoke_run_end_to_end_with_resume(tmp_path, monkeypatch):
   assert [r["stage"] for r in rows] == ["sft"] * 3 + ["rl"] * 2
   rl = [r for r in rows if r["stage"] == "rl"]
   assert all(np.isfinite(r["divergence"]) for r in rl)
+  # RL step 1 starts from the pre-sampling params: the stored rows, with their images
+  # re-rendered, have ratio 1 (JS ~ (log ratio)^2 / 8: float noise only)
+  assert rl[0]["divergence"] < 1e-9
   assert res["algo"] == "dph_js" and res["times_s"]["dph"] > 0
   assert set(res["after"]["per_task"]) == {"TSP", "knapsack"}
   assert 0.0 <= res["after"]["overall"]["SR_mean"] <= 1.0
