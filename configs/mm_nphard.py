@@ -10,10 +10,10 @@ block 0, full attention in block 1) and the text model of configs/nphard.py with
 multimodal RoPE. Each prompt is the instance drawn at `image.size` pixels
 (tasks/render.py) and the task's word ("TSP", "knap", ...): no instance number is
 in the text (prompt_style "image"). Stages, arguments and evaluation are those of
-configs/nphard.py (same argument syntax: algo=, level=, seed=, tasks=, smoke);
-evaluation also scores the blank-image control (the same prompts, the image
-replaced by a white one of the same size) and the text prompts of the same
-instances (`eval.modalities`). The renderer is ours: MM-NP-Bench numbers here are
+configs/nphard.py (same argument syntax: algo= any preset, dph_* included, level=,
+seed=, tasks=, smoke); evaluation also scores the blank-image control (the same
+prompts, the image replaced by a white one of the same size) and the text prompts
+of the same instances (`eval.modalities`). The renderer is ours: MM-NP-Bench numbers here are
 not comparable with the DMPO paper's.
 """
 

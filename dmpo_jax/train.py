@@ -139,10 +139,6 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
     raise ValueError(f"config.dph.weighting={cfg.dph.weighting!r}; choose 'separate' or 'per_sample'")
   if cfg.dph.correct not in ("feasible", "optimal"):
     raise ValueError(f"config.dph.correct={cfg.dph.correct!r}; choose 'feasible' or 'optimal'")
-  if cfg.prompt_style in tasks_lib.IMAGE_STYLES and presets.needs_dph_store(obj):
-    raise ValueError(f"config.rl.algo={cfg.rl.algo!r}: DPH pre-sampling does not store image "
-                     "prompts yet; use a non-dph preset with config.prompt_style="
-                     f"{cfg.prompt_style!r}")
   pool = int((cfg.get("collapse") or {}).get("pool", 0))
   if pool and cfg.eval.num_per_task > pool:
     raise ValueError(f"config.eval.num_per_task={cfg.eval.num_per_task} exceeds config.collapse.pool="
@@ -453,11 +449,13 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   rl_sampler = run.sampler(run.sampling_config(cfg.rl.group_size, cfg.rl.temperature, cfg.rl.top_p))
   logprob_eval = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
                                          shardings=(run.p_sh, run.data_sh, None))
-  store = None
+  store, dph_images = None, None
   if presets.needs_dph_store(obj) and cfg.rl.steps:
     dph_sampler = run.sampler(run.sampling_config(cfg.dph.samples, cfg.rl.temperature, cfg.rl.top_p))
     store = run.timed("dph", dph.presample, cfg, run.workdir, run.taskset, run.encoder, dph_sampler,
-                      logprob_eval, state.params, state, run.reward_cfg)
+                      logprob_eval, state.params, state, run.reward_cfg,
+                      None if run.vl_cfg is None else run.images)
+    dph_images = dph_image_fn(run, store)
   total = cfg.sft.steps + cfg.rl.steps
   if state.step >= total:
     return state, False
@@ -487,7 +485,8 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
           data_sh=run.data_sh, ref_fn=ref_fn, collapse=run.taskset.collapse,
           **({} if run.vl_cfg is None else {"images": lambda pt, pm: run.images(items, pt, pm)}))
       batch = rollouts.batch(run.data_sh)
-      batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch), run.data_sh))
+      batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch, dph_images),
+                                       run.data_sh))
       if state.step + 1 < total:
         prefetch.warm(lambda s=rl_step + 1: dph.rl_items(store, run.taskset, s, cfg.rl.prompts_per_step))
       t2 = time.time()
@@ -515,6 +514,17 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
       if run.maybe_stop(state, "rl", stop):
         return state, True
   return state, False
+
+
+def dph_image_fn(run: Run, store):
+  """A vision-language policy's images of stored D_pef rows for `dph.batch_part`: the rows'
+  instances rebuilt once from the store's pef_index, their images re-rendered per step
+  (the render cache makes that cheap; the store holds no pixels). None for a text model
+  or an empty store."""
+  if run.vl_cfg is None or not len(store["pef_tokens"]):
+    return None
+  items = dph.prompt_items(store, run.taskset, run.encoder, run.cfg.rl.prompts_per_step)
+  return lambda rows, pt, pm: run.images([items[r] for r in rows], pt, pm)
 
 
 def term_grads_every(cfg) -> int:

@@ -151,12 +151,30 @@ def test_image_encoder_refuses_text_styles_and_bad_configs(smoke_vlm):
   text.model.vision = {}  # a text model cannot take image prompts
   with pytest.raises(ValueError, match="needs a vision-language model"):
     mm.make_run_encoder(text, processor.tokenizer, None)
-  from dmpo_jax.parallel import sharding
-  from dmpo_jax import train as train_lib
-  dph = mm_nphard.get_config("smoke,algo=dph_js")
-  with pytest.raises(ValueError, match="config.rl.algo='dph_js'"):
-    train_lib.check_config(dph, train_lib.objective_from_config(dph),
-                           sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}))
+
+
+@pytest.mark.parametrize("pool", [0, 6])
+def test_dph_prompt_items_rebuild_the_stored_prompts_and_refuse_others(smoke_vlm, pool):
+  """DPH with image prompts: the store holds no pixels; each stored response's instance is
+  rebuilt from its pef_index (stream or pool index), checked against the stored prompt."""
+  from dmpo_jax.training import dph
+  cfg, _, processor = smoke_vlm
+  enc = mm.make_encoder(cfg, processor)
+  ts = pipeline.TaskSet(["TSP", "knapsack"], "tiny", 0, pool=pool)
+  index = np.asarray([3, 0, 3, 5])  # a prompt's several responses; any order
+  items = (ts.pool_items() if pool else dph.stream_items(ts, list(range(6)), 4))
+  pt, pm = pipeline.pad_left([enc.encode(*items[i]) for i in index], cfg.model.max_prompt_len, enc.pad)
+  t = cfg.model.max_new_tokens
+  store = {"pef_tokens": np.concatenate([pt, np.zeros((len(index), t), pt.dtype)], 1),
+           "pef_prompt_mask": pm, "pef_index": index}
+  got = dph.prompt_items(store, ts, enc, 4)
+  assert got == [items[i] for i in index]
+  other = pipeline.TaskSet(["knapsack", "TSP"], "tiny", 0, pool=pool)  # another config.tasks
+  with pytest.raises(ValueError, match="pef_index 3"):
+    dph.prompt_items(store, other, enc, 4)
+  if pool:
+    with pytest.raises(ValueError, match="config.collapse.pool=1"):
+      dph.prompt_items(store, pipeline.TaskSet(["TSP", "knapsack"], "tiny", 0, pool=1), enc, 4)
 
 
 @pytest.mark.slow

@@ -12,6 +12,12 @@ per step as any other preset, and on the same ones except D_pef's.
 With a fixed instance pool (config.collapse.pool), the pre-sampled prompts are the
 pool's first num_prompts instances, each once, and the index of a prompt is its
 pool index: RL skips every stream row that draws a D_pef instance.
+
+Image prompts (a vision-language policy): the sampler and the stored log-probs see each
+prompt's images (its k samples share them, as in an RL rollout), but the store holds no
+pixels: `prompt_items` rebuilds each stored response's instance from its pef_index, and
+`batch_part` attaches the instances' images, re-rendered (through the encoder's render
+cache) for the rows of each step.
 """
 
 from __future__ import annotations
@@ -37,9 +43,13 @@ def stream_items(taskset, flat: list[int], per_step: int) -> list:
   return [steps[f // per_step][f % per_step] for f in flat]
 
 
-def presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, state, reward_cfg):
+def presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, state, reward_cfg,
+              images=None):
   """The store (read from workdir if a previous run wrote it): the pef_* arrays, pef_index (the
-  flat stream index of each stored response's prompt) and exp_index (pre-sampled, not D_pef)."""
+  flat stream index of each stored response's prompt) and exp_index (pre-sampled, not D_pef).
+
+  images: for image prompts, images(items, prompt_tokens [Bp, P], prompt_mask) -> the prompts'
+  `qwen2_5_vl.prompt_images` arrays (host); the sampler and logprob_eval get them."""
   path = os.path.join(workdir, STORE)
   prompt_len, completion_len, k = cfg.model.max_prompt_len, cfg.model.max_new_tokens, cfg.dph.samples
   if dist.agree(os.path.exists(path)):
@@ -61,10 +71,14 @@ def presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, sta
     real = len(part)
     part = part + [part[-1]] * (chunk - real)
     pt, pm = pipeline.pad_left([encoder.encode(kk, q) for kk, q in part], prompt_len, encoder.pad)
-    tokens, mask, _ = sampler(params, pt, pm, state.dph_key(c0))
+    vis = None if images is None else images(part, pt, pm)  # [chunk, ...]: one per prompt
+    tokens, mask, _ = sampler(params, pt, pm, state.dph_key(c0),
+                              **({} if vis is None else {"images": vis}))
     pt, pm = np.repeat(pt, k, 0), np.repeat(pm, k, 0)
     sh = tokens.sharding
     seqs = {"tokens": jnp.concatenate([dist.to_global(pt, sh), tokens], 1), "prompt_mask": dist.to_global(pm, sh)}
+    if vis is not None:  # rows are the prompts' groups of k samples
+      seqs["images"] = dist.tree_to_global(vis, sh)
     ref = dist.to_host(logprob_eval(params, seqs))
     tokens, mask = dist.to_host(tokens), dist.to_host(mask)
     texts = encoder.texts(tokens, mask)
@@ -129,14 +143,51 @@ def exp_indices(skip: set[int], start: int, n: int, ident=lambda f: f) -> list[i
   return out
 
 
-def batch_part(store, rl_step: int, n: int) -> dict:
+def prompt_items(store, taskset, encoder, per_step: int) -> list:
+  """The (task key, instance) of each stored response's prompt, rebuilt from pef_index (a
+  pool index with config.collapse.pool, else a flat RL-stream index at per_step prompts a
+  step). Each instance's prompt must encode to the stored prompt tokens: a store written
+  under another config (tasks, level, seed, prompt style) is refused, not trained on."""
+  index = [int(i) for i in store["pef_index"]]
+  if taskset.pool:
+    pool = taskset.pool_items()
+    if index and max(index) >= len(pool):
+      raise ValueError(f"{STORE}: pef_index {max(index)} is past the pool's {len(pool)} instances "
+                       f"(config.collapse.pool={taskset.pool} per task); delete the store to "
+                       "pre-sample again")
+    items = [pool[i] for i in index]
+  else:
+    items = stream_items(taskset, index, per_step)
+  prompt_len = store["pef_prompt_mask"].shape[1]
+  first = {}  # one check per prompt, not per stored response
+  for r, i in enumerate(index):
+    first.setdefault(i, r)
+  rows = list(first.values())
+  pt, pm = pipeline.pad_left([encoder.encode(*items[r]) for r in rows], prompt_len, encoder.pad)
+  bad = np.flatnonzero((pt != store["pef_tokens"][rows, :prompt_len]).any(1) |
+                       (pm != store["pef_prompt_mask"][rows]).any(1))
+  if bad.size:
+    raise ValueError(f"{STORE}: the stored prompt of pef_index {index[rows[bad[0]]]} is not the "
+                     "config's prompt of that instance (written under another config?); delete "
+                     "the store to pre-sample again")
+  return items
+
+
+def batch_part(store, rl_step: int, n: int, images=None) -> dict:
   """n stored D_pef responses for RL step rl_step (cycling through the store), as the
-  `dph_*` batch entries; empty when the store holds none."""
+  `dph_*` batch entries; empty when the store holds none.
+
+  images: for image prompts, images(rows [n], prompt_tokens [n, P], prompt_mask) -> the
+  `qwen2_5_vl.prompt_images` arrays of the store rows' prompts, set as dph_seqs["images"]
+  (one prompt per row: groups of one)."""
   total = len(store["pef_tokens"]) if store is not None else 0
   if not total:
     return {}
   idx = (np.arange(n) + rl_step * n) % total
-  return {"dph_seqs": {"tokens": jnp.asarray(store["pef_tokens"][idx]),
-                       "prompt_mask": jnp.asarray(store["pef_prompt_mask"][idx])},
-          "dph_ref_logprobs": jnp.asarray(store["pef_logprobs"][idx]),
+  prompt_len = store["pef_prompt_mask"].shape[1]
+  seqs = {"tokens": jnp.asarray(store["pef_tokens"][idx]),
+          "prompt_mask": jnp.asarray(store["pef_prompt_mask"][idx])}
+  if images is not None:
+    seqs["images"] = images(idx, store["pef_tokens"][idx, :prompt_len], store["pef_prompt_mask"][idx])
+  return {"dph_seqs": seqs, "dph_ref_logprobs": jnp.asarray(store["pef_logprobs"][idx]),
           "dph_mask": jnp.asarray(store["pef_mask"][idx])}
