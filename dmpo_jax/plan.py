@@ -2,6 +2,7 @@ r"""Memory planner: bytes per device for params, optimizer state, gradients, act
 
     python -m dmpo_jax.plan --model=qwen2.5-7b --mesh=data=1,fsdp=8,tensor=1 --device_gib=141
     python -m dmpo_jax.plan --config=configs/nphard_qwen.py:/models/Qwen2.5-1.5B-Instruct
+    python -m dmpo_jax.plan --model=qwen2.5-vl-7b --remat --micro_batches=4 --patch_budget=1024
 
 Parameters and optimizer state are exact: the model is built abstractly
 (`nnx.eval_shape`, no weights) and every parameter is divided over the mesh
@@ -9,6 +10,15 @@ axes its logical names map to (the same rules and divisibility fallback as
 training). Activations and the KV cache are estimates from the shapes
 (stated in `activation_note`). A plan that does not fit is refused with the
 numbers that do not fit (exit status 1).
+
+A Qwen2.5-VL model (`VL_MODELS`, or a config whose checkpoint is one) adds its
+vision tower: parameters and AdamW state exact like the text model's (the
+tower's logical axis names shard it like the text layers), gradients only
+with `--train_vision` (RL and SFT freeze the tower by default,
+`freeze_vision`: its features are computed under stop_gradient), and the
+tower's activations for `--patch_budget` patches per prompt. The frozen
+tower's AdamW state is counted: `sharding.init_opt_state` allocates moments
+for every parameter, trained or not.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import numpy as np
 from dmpo_jax.parallel import sharding
 from dmpo_jax.models import attention
 from dmpo_jax.models.config import ATTENTION, ModelConfig, as_dtype
+from dmpo_jax.models.vision import VisionConfig
 
 # Published Qwen2.5-Instruct shapes (config.json of each model).
 MODELS = {
@@ -48,6 +59,19 @@ MODELS = {
                      architecture="qwen3"),
 }
 
+# Published Qwen2.5-VL-Instruct shapes (config.json): the text model's ModelConfig fields, the
+# vision tower's VisionConfig fields and the image-pad token id.
+VL_MODELS = {
+    "qwen2.5-vl-7b": dict(
+        text=dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
+                  num_heads=28, num_kv_heads=4, head_dim=128, qkv_bias=True, tie_embeddings=False,
+                  rope_theta=1e6, max_position_embeddings=128000, mrope_section=(16, 24, 24)),
+        vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, in_channels=3,
+                    patch_size=14, temporal_patch_size=2, spatial_merge_size=2, window_size=112,
+                    out_hidden_size=3584, fullatt_block_indexes=(7, 15, 23, 31)),
+        image_token_id=151655),
+}
+
 GIB = 1024 ** 3
 
 
@@ -60,17 +84,42 @@ class Workload:
   remat: bool = False        # activation checkpointing per layer
   micro_batches: int = 1     # gradient accumulation slices of the update (config.rl.micro_batches)
   backend: str = "gpu"       # 'cpu' | 'gpu' | 'tpu': picks the attention core and log-prob chunking
+  patch_budget: int = 1024   # VL: image patches per prompt (before the merge; config.image.patch_budget)
+  train_vision: bool = False  # VL: the tower is trained (rl.freeze_vision = False)
 
 
 def _fake_mesh(shape: dict):
   return types.SimpleNamespace(shape={a: int(shape.get(a, 1)) for a in sharding.AXES})
 
 
-def param_bytes_per_device(cfg: ModelConfig, mesh_shape: dict) -> tuple[int, int, int]:
-  """(bytes per device, total bytes, number of params) of the model's parameters."""
-  from flax import nnx
+def vl_config(name: str, dtype: str = "bfloat16", param_dtype: str = "float32"):
+  """The VLConfig of a `VL_MODELS` entry."""
+  from dmpo_jax.models.qwen2_5_vl import VLConfig
+  m = VL_MODELS[name]
+  return VLConfig(ModelConfig(**m["text"], dtype=dtype, param_dtype=param_dtype),
+                  VisionConfig(**m["vision"], dtype=dtype, param_dtype=param_dtype),
+                  m["image_token_id"])
+
+
+def _module(cfg):
+  """The (abstract-buildable) model of a config: Transformer, VisionTower or Qwen2_5_VL."""
   from dmpo_jax.models.transformer import Transformer
-  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  from dmpo_jax.models.vision import VisionTower
+  from dmpo_jax.models.qwen2_5_vl import Qwen2_5_VL
+  if isinstance(cfg, ModelConfig):
+    return Transformer
+  if isinstance(cfg, VisionConfig):
+    return VisionTower
+  return Qwen2_5_VL
+
+
+def param_bytes_per_device(cfg, mesh_shape: dict) -> tuple[int, int, int]:
+  """(bytes per device, total bytes, number of params) of the parameters of the model of
+  `cfg`: a ModelConfig (text Transformer), a VisionConfig (the vision tower alone) or a
+  VLConfig (both)."""
+  from flax import nnx
+  module = _module(cfg)
+  abstract = nnx.eval_shape(lambda: module(cfg, rngs=nnx.Rngs(0)))
   state = nnx.state(abstract, nnx.Param)
   specs = nnx.get_partition_spec(state)
   mesh = _fake_mesh(mesh_shape)
@@ -96,13 +145,54 @@ def _auto_chunk(t: int, target: int = 128) -> int:
   return max(c for c in range(1, min(t, target) + 1) if t % c == 0)
 
 
-def plan(cfg: ModelConfig, mesh_shape: dict, work: Workload, device_bytes: float | None = None) -> dict:
+def _split(n: int, ways: int) -> float:
+  """n over `ways` tensor devices when it divides (the sharding rules replicate otherwise)."""
+  return n / ways if n % ways == 0 else n
+
+
+def vision_activation_bytes(vc: VisionConfig, patch_budget: int, prompts: int, tensor: int,
+                            act_bytes: int, trained: bool) -> float:
+  """The vision tower's activations on one device running it on `prompts` prompts of
+  `patch_budget` patches each (the tower runs once per prompt, attention dense over the
+  budget with [P, P] segment masks, reference core: float32 probabilities per head).
+
+  trained: what the backward keeps of every block, about 6D + 3F values per patch and the
+  [heads, P, P] probabilities, and of the merger; frozen (stop_gradient): nothing is kept,
+  one block's forward working set (logits and probabilities) lives at a time. Both count
+  the two bool masks and the merged features [P / U, E] the text model reads."""
+  p, d = patch_budget, vc.hidden_size
+  heads = _split(vc.num_heads, tensor)
+  tokens = (6 * d + 3 * _split(vc.intermediate_size, tensor)) * act_bytes  # per patch
+  merged = p // vc.merge_unit
+  fixed = 2 * p * p + merged * vc.out_hidden_size * act_bytes
+  if trained:
+    merger = merged * vc.merge_unit * d * (1 + 2 / (tensor if (vc.merge_unit * d) % tensor == 0
+                                                    else 1)) * act_bytes
+    per_prompt = vc.depth * (p * tokens + heads * p * p * 4) + merger + fixed
+  else:
+    per_prompt = p * tokens + 2 * heads * p * p * 4 + fixed
+  return prompts * per_prompt
+
+
+def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = None) -> dict:
+  """The per-device plan of `cfg` (a ModelConfig, or a qwen2_5_vl.VLConfig: text model and
+  vision tower) on a mesh for an RL workload."""
+  vc = None
+  if not isinstance(cfg, ModelConfig):
+    if not isinstance(getattr(cfg, "vision", None), VisionConfig):
+      raise TypeError(f"plan: cfg must be a ModelConfig or a VLConfig, got {type(cfg).__name__}")
+    vc, cfg = cfg.vision, cfg.text
   ndev = math.prod(int(v) for v in mesh_shape.values())
   rows_div = int(mesh_shape.get("data", 1)) * int(mesh_shape.get("fsdp", 1))
   tensor = int(mesh_shape.get("tensor", 1))
   p_dev, p_total, n_params = param_bytes_per_device(cfg, mesh_shape)
-  opt = 2 * p_dev            # AdamW mu and nu, in the parameter dtype, sharded like the params
-  grads = p_dev
+  v_dev = v_total = n_vision = 0
+  if vc is not None:
+    v_dev, v_total, n_vision = param_bytes_per_device(vc, mesh_shape)
+  opt = 2 * (p_dev + v_dev)  # AdamW mu and nu, param dtype, sharded like the params; the
+  #                            frozen tower's too (init_opt_state covers every parameter)
+  v_grads = v_dev if vc is not None and work.train_vision else 0
+  grads = p_dev + v_grads    # a frozen tower's gradients are stop_gradient zeros, never stored
   act_bytes = np.dtype(as_dtype(cfg.dtype)).itemsize
   rows = work.prompts * work.group
   rows_dev = -(-rows // rows_div)
@@ -123,20 +213,45 @@ def plan(cfg: ModelConfig, mesh_shape: dict, work: Workload, device_bytes: float
   per_layer = micro_rows * seq * ((6 * d + 3 * f / tensor) * act_bytes + attn_saved)
   layers_saved = 1 if work.remat else L
   acts = per_layer * layers_saved + (micro_rows * seq * d * act_bytes * L if work.remat else 0)
+  v_acts = v_sample = 0
+  if vc is not None:
+    u = vc.merge_unit
+    if work.patch_budget <= 0 or work.patch_budget % u:
+      raise ValueError(f"patch_budget={work.patch_budget} must be a positive multiple of "
+                       f"spatial_merge_size ** 2 = {u}")
+    if work.patch_budget // u > work.prompt_len:
+      raise ValueError(f"patch_budget={work.patch_budget} gives {work.patch_budget // u} image "
+                       f"tokens per prompt, more than prompt_len={work.prompt_len}")
+    vdt = np.dtype(as_dtype(vc.dtype)).itemsize
+    # The update runs the tower on its slice's prompts, the sampler (frozen or not: no
+    # backward) on all of a device's.
+    v_acts = vision_activation_bytes(vc, work.patch_budget, work.prompts // work.micro_batches
+                                     // rows_div, tensor, vdt, work.train_vision)
+    v_sample = vision_activation_bytes(vc, work.patch_budget, -(-work.prompts // rows_div),
+                                       tensor, vdt, False)
+  acts += v_acts
   # float32 logits: all T completion tokens on CPU; on an accelerator the update makes them in
   # chunks of `steps.auto_chunk(T)` tokens (a chunk and its gradient live at once).
   logit_tokens = work.new_tokens if work.backend == "cpu" else 2 * _auto_chunk(work.new_tokens)
   logits = micro_rows * logit_tokens * cfg.vocab_size * 4 / (tensor if cfg.vocab_size % tensor == 0 else 1)
   kv_heads_dev = cfg.num_kv_heads // tensor if cfg.num_kv_heads % tensor == 0 else cfg.num_kv_heads
   kv = rows_dev * seq * L * 2 * kv_heads_dev * cfg.head_dim * act_bytes
-  train_total = p_dev + opt + grads + acts + logits
-  sample_total = p_dev + opt + kv + rows_dev * cfg.vocab_size * 4
-  out = {"devices": ndev, "mesh": dict(mesh_shape), "params": n_params, "param_bytes_total": p_total,
-         "param_bytes": p_dev, "optimizer_bytes": opt, "grad_bytes": grads, "activation_bytes": acts,
+  all_p = p_dev + v_dev
+  train_total = all_p + opt + grads + acts + logits
+  sample_total = all_p + opt + kv + rows_dev * cfg.vocab_size * 4 + v_sample  # tower: counted as
+  #                                                        if it overlapped the KV cache
+  out = {"devices": ndev, "mesh": dict(mesh_shape), "params": n_params + n_vision,
+         "param_bytes_total": p_total + v_total,
+         "param_bytes": all_p, "optimizer_bytes": opt, "grad_bytes": grads, "activation_bytes": acts,
          "attention": impl, "logit_bytes": logits, "kv_cache_bytes": kv, "update_peak_bytes": train_total,
          "sampling_peak_bytes": sample_total, "rows_per_device": rows_dev, "micro_rows": micro_rows,
          "activation_note": "activations, logits and KV cache are shape estimates; params and "
                             "optimizer state are exact"}
+  if vc is not None:
+    out.update(vision_params=n_vision, vision_param_bytes=v_dev, vision_optimizer_bytes=2 * v_dev,
+               vision_grad_bytes=v_grads, vision_activation_bytes=v_acts,
+               vision_sampling_bytes=v_sample, patch_budget=work.patch_budget,
+               train_vision=work.train_vision)
   if device_bytes is not None:
     out["device_bytes"] = device_bytes
     out["fits"] = max(train_total, sample_total) <= device_bytes
@@ -155,6 +270,15 @@ def format_plan(name: str, p: dict) -> str:
            f"  KV cache      {g(p['kv_cache_bytes'])}   (estimate)",
            f"  update peak   {g(p['update_peak_bytes'])}",
            f"  sampling peak {g(p['sampling_peak_bytes'])}"]
+  if "vision_params" in p:
+    state = "trained" if p["train_vision"] else "frozen: no gradients, AdamW state still allocated"
+    lines[1:1] = [
+        f"  vision tower  {p['vision_params'] / 1e6:.1f} M params ({state}), "
+        f"{p['patch_budget']} patches per prompt; included above:",
+        f"    params {g(p['vision_param_bytes']).strip()}, optimizer "
+        f"{g(p['vision_optimizer_bytes']).strip()}, gradients {g(p['vision_grad_bytes']).strip()}, "
+        f"activations {g(p['vision_activation_bytes']).strip()} (update), "
+        f"{g(p['vision_sampling_bytes']).strip()} (sampling)"]
   if "fits" in p:
     lines.append(f"  device        {g(p['device_bytes'])}   -> {'fits' if p['fits'] else 'DOES NOT FIT'}")
   return "\n".join(lines)
@@ -173,9 +297,10 @@ def _parse_mesh(text: str) -> dict:
 def main(argv=None):
   import argparse
   ap = argparse.ArgumentParser(description="Per-device memory plan for a model, mesh and RL workload.")
-  ap.add_argument("--model", choices=sorted(MODELS), help="a published model shape")
+  ap.add_argument("--model", choices=sorted(MODELS) + sorted(VL_MODELS), help="a published model shape")
   ap.add_argument("--config", help="a training config file[:arg] (its model folder's config.json)")
-  ap.add_argument("--mesh", default="data=1,fsdp=8,tensor=1")
+  ap.add_argument("--mesh", default="data=1,fsdp=8,tensor=1",
+                  help="axis sizes; with --config, the size of the config's -1 axis")
   ap.add_argument("--device_gib", type=float, default=141.0, help="memory per device (H200: 141)")
   ap.add_argument("--prompts", type=int, default=32)
   ap.add_argument("--group", type=int, default=8)
@@ -187,7 +312,15 @@ def main(argv=None):
   ap.add_argument("--backend", default="gpu", choices=("cpu", "gpu", "tpu"),
                   help="where the update runs: picks the attention core ('auto') and log-prob chunks")
   ap.add_argument("--attention", default="auto", choices=ATTENTION)
+  ap.add_argument("--patch_budget", type=int, default=None,
+                  help="vision-language models: image patches per prompt, before the 2 x 2 merge "
+                       "(default: the config's image.patch_budget, else 1024)")
+  ap.add_argument("--train_vision", action="store_true", default=None,
+                  help="vision-language models: the vision tower is trained (default: frozen, "
+                       "as rl.freeze_vision)")
   args = ap.parse_args(argv)
+  if args.patch_budget is not None and args.patch_budget <= 0:
+    ap.error(f"--patch_budget must be a positive number of patches, got {args.patch_budget}")
   mesh = _parse_mesh(args.mesh)
   work = Workload(args.prompts, args.group, args.prompt_len, args.new_tokens, args.remat,
                   args.micro_batches, args.backend)
@@ -198,20 +331,39 @@ def main(argv=None):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     c = mod.get_config(arg or None)
-    from dmpo_jax.models.hf import config_from_hf
+    from dmpo_jax.models import hf, qwen2_5_vl
     with open(os.path.join(c.model.init, "config.json")) as fh:
-      cfg = config_from_hf(json.load(fh), dtype=c.model.dtype, param_dtype=c.model.param_dtype)
-    mesh = {k: v for k, v in dict(c.mesh).items() if v != -1} or mesh
+      hf_cfg = json.load(fh)
+    vl = hf_cfg.get("model_type") == qwen2_5_vl.MODEL_TYPE
+    cfg = (qwen2_5_vl if vl else hf).config_from_hf(hf_cfg, dtype=c.model.dtype,
+                                                    param_dtype=c.model.param_dtype)
+    # the config's -1 axis (all remaining devices) takes its size from --mesh
+    mesh = {k: (int(mesh.get(k, 1)) if v == -1 else v) for k, v in dict(c.mesh).items()} or mesh
+    image = dict(c.get("image") or {})
     work = Workload(c.rl.prompts_per_step, c.rl.group_size, c.model.max_prompt_len,
                     c.model.max_new_tokens, c.model.remat, c.rl.micro_batches or 1,  # 0: auto, 1 off CPU
-                    args.backend)
+                    args.backend, image.get("patch_budget") or Workload.patch_budget,
+                    not c.rl.get("freeze_vision", True))
     name = c.model.init
+  elif args.model in VL_MODELS:
+    cfg = vl_config(args.model, dtype=args.dtype)
+    name = args.model
   elif args.model:
     cfg = ModelConfig(**MODELS[args.model], dtype=args.dtype, param_dtype="float32")
     name = args.model
   else:
     ap.error("give --model or --config")
-  cfg = cfg.replace(attention=args.attention) if args.attention != "auto" else cfg
+  is_vl = not isinstance(cfg, ModelConfig)
+  for flag, value in (("--patch_budget", args.patch_budget), ("--train_vision", args.train_vision)):
+    if value is not None and not is_vl:
+      ap.error(f"{flag} applies to vision-language models only; {name} is a text model")
+  if args.patch_budget is not None:
+    work = dataclasses.replace(work, patch_budget=args.patch_budget)
+  if args.train_vision:
+    work = dataclasses.replace(work, train_vision=True)
+  if args.attention != "auto":
+    cfg = (cfg.replace(attention=args.attention) if not is_vl else
+           dataclasses.replace(cfg, text=cfg.text.replace(attention=args.attention)))
   p = plan(cfg, mesh, work, args.device_gib * GIB)
   print(format_plan(name, p))
   if not p["fits"]:

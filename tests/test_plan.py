@@ -72,3 +72,136 @@ def test_activation_estimate_follows_the_attention_core():
       probs - rows * seq * cfg.num_heads * 4 * cfg.num_layers)
   assert cpu["logit_bytes"] == rows * 512 * cfg.vocab_size * 4
   assert gpu["logit_bytes"] == rows * 2 * 128 * cfg.vocab_size * 4
+
+
+# --- Qwen2.5-VL: the vision tower -----------------------------------------------------------------
+
+def _tiny_vl(**vision):
+  from dmpo_jax.models.qwen2_5_vl import VLConfig
+  from dmpo_jax.models.vision import VisionConfig
+  text = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                     num_kv_heads=1, head_dim=16, qkv_bias=True, mrope_section=(2, 3, 3))
+  kw = dict(depth=3, hidden_size=24, intermediate_size=40, num_heads=2, patch_size=2,
+            temporal_patch_size=2, spatial_merge_size=2, window_size=8, out_hidden_size=32,
+            fullatt_block_indexes=(1,))
+  return VLConfig(text, VisionConfig(**{**kw, **vision}), image_token_id=90)
+
+
+def _count(module):
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
+
+
+def test_vision_tower_parameter_count_matches_a_built_model():
+  from dmpo_jax.models.qwen2_5_vl import Qwen2_5_VL
+  from dmpo_jax.models.vision import VisionTower
+  for vision in ({}, dict(depth=1, intermediate_size=56, spatial_merge_size=1, in_channels=1,
+                                fullatt_block_indexes=(0,))):
+    cfg = _tiny_vl(**vision)
+    model = Qwen2_5_VL(cfg, rngs=nnx.Rngs(0))
+    p = plan.plan(cfg, {"data": 1, "fsdp": 2, "tensor": 1},
+                  plan.Workload(prompts=2, group=2, prompt_len=32, new_tokens=8, patch_budget=16))
+    assert cfg.vision.num_params() == _count(model.visual) == p["vision_params"]
+    assert p["params"] == _count(model) == _count(model.visual) + _count(model.language)
+  # The released Qwen2.5-VL-7B (8.29 B): the tower's closed form against an abstract build.
+  cfg = plan.vl_config("qwen2.5-vl-7b")
+  tower = nnx.eval_shape(lambda: VisionTower(cfg.vision, rngs=nnx.Rngs(0)))
+  assert cfg.vision.num_params() == _count(tower) == 676_550_144
+  assert cfg.text.num_params() == ModelConfig(**plan.MODELS["qwen2.5-7b"]).num_params()
+  assert cfg.text.num_params() + cfg.vision.num_params() == 8_292_166_656
+
+
+def test_vl_planner_matches_measured_bytes():
+  """Params and AdamW state of a VL model placed on 8 devices, the frozen tower's moments
+  included (init_opt_state allocates them for every parameter)."""
+  from dmpo_jax.models.qwen2_5_vl import Qwen2_5_VL
+  cfg = _tiny_vl()
+  _, state = nnx.split(Qwen2_5_VL(cfg, rngs=nnx.Rngs(0)))
+  mesh_shape = {"data": 2, "fsdp": 2, "tensor": 2}
+  mesh = sharding.make_mesh(mesh_shape)
+  shardings = sharding.param_shardings(state, mesh)
+  placed = jax.device_put(state, shardings)
+  dev0 = jax.devices()[0]
+  on_dev0 = lambda tree: sum(s.data.nbytes for x in jax.tree.leaves(tree) if np.ndim(x) > 0
+                             for s in x.addressable_shards if s.device == dev0)
+  opt_state, _ = sharding.init_opt_state(optax.adamw(1e-3), placed, shardings, mesh)
+  p = plan.plan(cfg, mesh_shape, plan.Workload(prompts=8, group=2, prompt_len=32, new_tokens=8,
+                                                patch_budget=16))
+  assert p["param_bytes"] == on_dev0(placed)
+  assert p["vision_param_bytes"] == on_dev0(placed["visual"])
+  assert p["optimizer_bytes"] == on_dev0(opt_state)
+  assert p["vision_optimizer_bytes"] == 2 * p["vision_param_bytes"] > 0
+
+
+def test_frozen_tower_has_no_gradients_and_training_it_does():
+  cfg = plan.vl_config("qwen2.5-vl-7b")
+  mesh = {"data": 1, "fsdp": 8, "tensor": 1}
+  work = dict(prompts=32, group=8, prompt_len=768, new_tokens=1024, remat=True, micro_batches=4)
+  text = plan.plan(cfg.text, mesh, plan.Workload(**work))
+  frozen = plan.plan(cfg, mesh, plan.Workload(**work))
+  trained = plan.plan(cfg, mesh, plan.Workload(**work, train_vision=True))
+  tower = frozen["vision_param_bytes"]
+  assert tower > 0 and frozen["vision_grad_bytes"] == 0
+  assert frozen["grad_bytes"] == text["grad_bytes"]
+  assert trained["grad_bytes"] == text["grad_bytes"] + tower == trained["vision_grad_bytes"] + \
+      text["grad_bytes"]
+  # AdamW state is the same either way (allocated for the frozen tower too).
+  assert frozen["optimizer_bytes"] == trained["optimizer_bytes"] == text["optimizer_bytes"] + 2 * tower
+  # Training keeps every block's activations for the backward; frozen, one block's at a time.
+  assert trained["vision_activation_bytes"] > 10 * frozen["vision_activation_bytes"] > 0
+  assert trained["update_peak_bytes"] > frozen["update_peak_bytes"] > text["update_peak_bytes"]
+  assert frozen["sampling_peak_bytes"] == trained["sampling_peak_bytes"]
+
+
+def test_patch_budget_raises_activation_memory():
+  cfg = plan.vl_config("qwen2.5-vl-7b")
+  mesh = {"data": 1, "fsdp": 8, "tensor": 1}
+  for train in (False, True):
+    acts = [plan.plan(cfg, mesh, plan.Workload(patch_budget=b, train_vision=train))
+            for b in (256, 1024, 4096)]
+    tower = [p["vision_activation_bytes"] for p in acts]
+    assert tower[0] < tower[1] < tower[2]
+    assert [p["activation_bytes"] - t for p, t in zip(acts, tower)] == \
+        [acts[0]["activation_bytes"] - tower[0]] * 3  # the text model's part does not change
+    # attention over the whole budget: quadratic in the patches
+    assert tower[2] / tower[1] > 4
+  # One trained block's probabilities at 1,024 patches: 16 heads x 1024^2 float32 per prompt.
+  one = plan.plan(cfg, mesh, plan.Workload(prompts=8, patch_budget=1024, train_vision=True))
+  assert one["vision_activation_bytes"] > 32 * 16 * 1024 ** 2 * 4
+
+
+def test_cli_plans_the_vl_model(capsys, tmp_path):
+  plan.main(["--model=qwen2.5-vl-7b", "--remat", "--micro_batches=4"])
+  out = capsys.readouterr().out
+  assert out.startswith("qwen2.5-vl-7b: 8.292 B params")
+  assert "vision tower  676.6 M params (frozen" in out and "1024 patches per prompt" in out
+  plan.main(["--model=qwen2.5-vl-7b", "--remat", "--micro_batches=4", "--train_vision",
+             "--patch_budget=2048"])
+  out = capsys.readouterr().out
+  assert "(trained)" in out and "2048 patches per prompt" in out
+  # A config whose checkpoint folder is a Qwen2.5-VL: its image.patch_budget and freeze_vision.
+  import json
+  from dmpo_jax.models import qwen2_5_vl
+  (tmp_path / "config.json").write_text(json.dumps(qwen2_5_vl.config_to_hf(plan.vl_config("qwen2.5-vl-7b"))))
+  # Its mesh is fsdp=-1 (every device): the size comes from --mesh.
+  plan.main([f"--config=configs/mm_nphard_qwen.py:{tmp_path}", "--mesh=fsdp=8"])
+  out = capsys.readouterr().out
+  assert "8.292 B params on 8 device(s)" in out and "'fsdp': 8" in out
+  assert "(frozen" in out and "1024 patches per prompt" in out
+
+
+def test_vl_flags_refuse_bad_input(capsys):
+  with pytest.raises(SystemExit) as e:
+    plan.main(["--model=qwen2.5-vl-7b", "--patch_budget=-4"])
+  assert e.value.code == 2 and "--patch_budget must be a positive" in capsys.readouterr().err
+  for flag in ("--train_vision", "--patch_budget=1024"):
+    with pytest.raises(SystemExit):
+      plan.main(["--model=qwen2.5-7b", flag])
+    err = capsys.readouterr().err
+    assert flag.split("=")[0] + " applies to vision-language models only" in err
+  with pytest.raises(ValueError, match="patch_budget=1022 must be a positive multiple of"):
+    plan.main(["--model=qwen2.5-vl-7b", "--patch_budget=1022"])
+  with pytest.raises(ValueError, match="patch_budget=4096 gives 1024 image tokens per prompt, "
+                                       "more than prompt_len=512"):
+    plan.main(["--model=qwen2.5-vl-7b", "--patch_budget=4096", "--prompt_len=512"])
+  with pytest.raises(TypeError, match="ModelConfig or a VLConfig"):
+    plan.plan(plan.vl_config("qwen2.5-vl-7b").vision, {"fsdp": 8}, plan.Workload())

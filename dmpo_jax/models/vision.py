@@ -94,6 +94,14 @@ class VisionConfig:
   def merge_unit(self) -> int:  # U
     return self.spatial_merge_size ** 2
 
+  def num_params(self) -> int:
+    """Parameters of the tower: patch embedding (no bias), per block two norms, q/k/v/o and
+    the SwiGLU MLP with biases, and the merger (norm, fc1 [UD, UD], fc2 [UD, E], biases)."""
+    d, f, wide = self.hidden_size, self.intermediate_size, self.hidden_size * self.merge_unit
+    block = 2 * d + 4 * (d * d + d) + 3 * d * f + 2 * f + d
+    merger = d + wide * wide + wide + wide * self.out_hidden_size + self.out_hidden_size
+    return self.patch_dim * d + self.depth * block + merger
+
   def replace(self, **changes) -> "VisionConfig":
     return dataclasses.replace(self, **changes)
 
