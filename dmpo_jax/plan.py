@@ -299,8 +299,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description="Per-device memory plan for a model, mesh and RL workload.")
   ap.add_argument("--model", choices=sorted(MODELS) + sorted(VL_MODELS), help="a published model shape")
   ap.add_argument("--config", help="a training config file[:arg] (its model folder's config.json)")
-  ap.add_argument("--mesh", default="data=1,fsdp=8,tensor=1",
-                  help="axis sizes; with --config, the size of the config's -1 axis")
+  ap.add_argument("--mesh", default="data=1,fsdp=8,tensor=1")
   ap.add_argument("--device_gib", type=float, default=141.0, help="memory per device (H200: 141)")
   ap.add_argument("--prompts", type=int, default=32)
   ap.add_argument("--group", type=int, default=8)
@@ -337,8 +336,7 @@ def main(argv=None):
     vl = hf_cfg.get("model_type") == qwen2_5_vl.MODEL_TYPE
     cfg = (qwen2_5_vl if vl else hf).config_from_hf(hf_cfg, dtype=c.model.dtype,
                                                     param_dtype=c.model.param_dtype)
-    # the config's -1 axis (all remaining devices) takes its size from --mesh
-    mesh = {k: (int(mesh.get(k, 1)) if v == -1 else v) for k, v in dict(c.mesh).items()} or mesh
+    mesh = {k: v for k, v in dict(c.mesh).items() if v != -1} or mesh
     image = dict(c.get("image") or {})
     work = Workload(c.rl.prompts_per_step, c.rl.group_size, c.model.max_prompt_len,
                     c.model.max_new_tokens, c.model.remat, c.rl.micro_batches or 1,  # 0: auto, 1 off CPU
