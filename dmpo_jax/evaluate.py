@@ -107,13 +107,11 @@ def load_policy():
   if step is None:
     raise app.UsageError(f"{FLAGS.workdir} has no checkpoint yet")
   params = {"model": state}
-  meta = ck.read_meta(step)
   obj = train_lib.objective_from_config(cfg)
   if presets.needs_log_z(obj):
     from dmpo_jax.objectives import flowrl
     params["log_z"] = flowrl.init_log_z_head(jax.random.key(0), model.cfg.hidden_size)
-  sft_opt = train_lib.make_optimizer(1.0, 2, 1, 1.0)
-  params, _, _ = ck.restore(step, params, sft_opt.init(params), train_lib.model_shape(model))
+  params, meta = ck.restore_params(step, params, train_lib.model_shape(model))
   print(f"loaded {FLAGS.workdir} step {step} ({meta['stage']})")
   image = cfg.get("image") or {}
   return graphdef, params["model"], tok, {

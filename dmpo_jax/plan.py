@@ -16,9 +16,9 @@ vision tower: parameters and AdamW state exact like the text model's (the
 tower's logical axis names shard it like the text layers), gradients only
 with `--train_vision` (RL and SFT freeze the tower by default,
 `freeze_vision`: its features are computed under stop_gradient), and the
-tower's activations for `--patch_budget` patches per prompt. The frozen
-tower's AdamW state is counted: `sharding.init_opt_state` allocates moments
-for every parameter, trained or not.
+tower's activations for `--patch_budget` patches per prompt. A frozen tower
+has no AdamW state either (`make_optimizer(freeze_vision=True)` gives its
+params a zero update and no moments).
 """
 
 from __future__ import annotations
@@ -189,9 +189,9 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
   v_dev = v_total = n_vision = 0
   if vc is not None:
     v_dev, v_total, n_vision = param_bytes_per_device(vc, mesh_shape)
-  opt = 2 * (p_dev + v_dev)  # AdamW mu and nu, param dtype, sharded like the params; the
-  #                            frozen tower's too (init_opt_state covers every parameter)
   v_grads = v_dev if vc is not None and work.train_vision else 0
+  opt = 2 * (p_dev + v_grads)  # AdamW mu and nu, param dtype, sharded like the params; none
+  #                              for a frozen tower (make_optimizer(freeze_vision=True))
   grads = p_dev + v_grads    # a frozen tower's gradients are stop_gradient zeros, never stored
   act_bytes = np.dtype(as_dtype(cfg.dtype)).itemsize
   rows = work.prompts * work.group
@@ -248,7 +248,7 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
          "activation_note": "activations, logits and KV cache are shape estimates; params and "
                             "optimizer state are exact"}
   if vc is not None:
-    out.update(vision_params=n_vision, vision_param_bytes=v_dev, vision_optimizer_bytes=2 * v_dev,
+    out.update(vision_params=n_vision, vision_param_bytes=v_dev, vision_optimizer_bytes=2 * v_grads,
                vision_grad_bytes=v_grads, vision_activation_bytes=v_acts,
                vision_sampling_bytes=v_sample, patch_budget=work.patch_budget,
                train_vision=work.train_vision)
@@ -271,7 +271,7 @@ def format_plan(name: str, p: dict) -> str:
            f"  update peak   {g(p['update_peak_bytes'])}",
            f"  sampling peak {g(p['sampling_peak_bytes'])}"]
   if "vision_params" in p:
-    state = "trained" if p["train_vision"] else "frozen: no gradients, AdamW state still allocated"
+    state = "trained" if p["train_vision"] else "frozen: no gradients, no AdamW state"
     lines[1:1] = [
         f"  vision tower  {p['vision_params'] / 1e6:.1f} M params ({state}), "
         f"{p['patch_budget']} patches per prompt; included above:",

@@ -93,6 +93,12 @@ def train(cfg, workdir: str) -> dict:
   return finish(run, state, before, t_start)
 
 
+def freeze_vision(cfg, stage: str, vl_cfg) -> bool:
+  """config.<stage>.freeze_vision (default True: the tower is not trained, gets no gradient,
+  no update and no optimizer state); False for a text model (vl_cfg None)."""
+  return vl_cfg is not None and bool(cfg[stage].get("freeze_vision", True))
+
+
 # ---------------------------------------------------------------------------
 # Config checks (bad input names itself).
 def objective_from_config(cfg) -> presets.ObjectiveConfig:
@@ -231,8 +237,10 @@ class Run:
     return self.cfg.model.max_new_tokens
 
   def init_opt(self, opt, params):
-    """Optimizer state on the mesh: moments sharded like their params, counts replicated."""
-    return sharding.init_opt_state(opt, params, self.p_sh, self.mesh)[0]
+    """Optimizer state on the mesh: moments sharded like their params, counts replicated;
+    its shardings become `o_sh` (SFT's and RL's optimizers can differ in structure)."""
+    state, self.o_sh = sharding.init_opt_state(opt, params, self.p_sh, self.mesh)
+    return state
 
   def sampling_config(self, num_samples: int, temperature: float, top_p: float = 1.0):
     return sampler_lib.SamplingConfig(max_new_tokens=self.completion_len, num_samples=num_samples,
@@ -243,11 +251,10 @@ class Run:
     return make_sampler(self.graphdef, scfg, self.p_sh, self.data_sh, self.rep)
 
   def vision_opts(self, stage: str) -> dict:
-    """The step's vision-tower option: config.<stage>.freeze_vision (default True: the
-    tower is not trained); nothing for a text model."""
+    """The step's vision-tower option (`freeze_vision`); nothing for a text model."""
     if self.vl_cfg is None:
       return {}
-    return {"freeze_vision": bool(self.cfg[stage].get("freeze_vision", True))}
+    return {"freeze_vision": freeze_vision(self.cfg, stage, self.vl_cfg)}
 
   def images(self, items, prompt_tokens, prompt_mask, encoder=None):
     """A vision-language policy's image inputs of padded prompts (`qwen2_5_vl.prompt_images`;
@@ -355,15 +362,19 @@ def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
   run = Run(cfg=cfg, workdir=workdir, obj=obj, mesh=mesh, taskset=taskset, reward_cfg=reward_cfg,
             tok=tok, encoder=encoder, graphdef=graphdef, model_shape=model_shape(model), p_sh=p_sh,
             o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
-            sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0),
-            rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 1, cfg.rl.max_grad_norm),
+            sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0,
+                                   freeze_vision=freeze_vision(cfg, "sft", vl_cfg)),
+            rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 1, cfg.rl.max_grad_norm,
+                                  freeze_vision=freeze_vision(cfg, "rl", vl_cfg)),
             ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep),
             vl_cfg=vl_cfg, processor=processor)
-  opt_state = run.init_opt(run.sft_opt if cfg.sft.steps else run.rl_opt, params)
-  run.o_sh = jax.tree.map(lambda x: x.sharding, opt_state)
+  latest = run.ckpt.latest_step()
+  # The optimizer of the stage the run is in (a checkpoint at step sft.steps is SFT's; the
+  # two can differ in structure when one stage freezes the vision tower).
+  in_sft = cfg.sft.steps and (latest is None or latest <= cfg.sft.steps)
+  opt_state = run.init_opt(run.sft_opt if in_sft else run.rl_opt, params)
   state = TrainState(params=params, opt_state=opt_state, step=0, key=jax.random.key(cfg.seed))
 
-  latest = run.ckpt.latest_step()
   if latest is not None:
     params, opt_state, meta = run.ckpt.restore(latest, params, opt_state, run.model_shape)
     if meta["seed"] != cfg.seed:

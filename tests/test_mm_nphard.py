@@ -208,8 +208,10 @@ def test_scratch_vlm_saves_a_folder_transformers_opens(tmp_path):
 
 @pytest.mark.slow
 def test_mm_smoke_run_end_to_end_with_resume(tmp_path):
-  """SFT, a stop at its end and the resume, RL with dmpo, evaluation in every modality (the
-  blank-image control included), the HF export, on image prompts of two tasks."""
+  """SFT (tower trained), a stop after the first RL step (tower frozen: its optimizer has no
+  tower state, so the checkpoint's structure is RL's) and the resume, RL with dmpo,
+  evaluation in every modality (the blank-image control included), the HF export, on image
+  prompts of two tasks."""
   from dmpo_jax import train as train_lib
   from dmpo_jax.models import hf
 
@@ -222,9 +224,9 @@ def test_mm_smoke_run_end_to_end_with_resume(tmp_path):
     return c
 
   wd = tmp_path / "run"
-  assert train_lib.train(cfg(stop_at_step=3), str(wd)) == {"stopped": True, "step": 3}
-  assert not (wd / "eval_before.json").exists()
-  res = train_lib.train(cfg(), str(wd))  # resumes at step 3: the end of SFT
+  assert train_lib.train(cfg(stop_at_step=4), str(wd)) == {"stopped": True, "step": 4}
+  assert (wd / "eval_before.json").exists()
+  res = train_lib.train(cfg(), str(wd))  # resumes at step 4, inside RL
   rows = [json.loads(l) for l in open(wd / "metrics.jsonl")]
   assert [r["stage"] for r in rows] == ["sft"] * 3 + ["rl"] * 3
   assert [r["step"] for r in rows] == list(range(1, 7))

@@ -111,8 +111,9 @@ def test_vision_tower_parameter_count_matches_a_built_model():
 
 
 def test_vl_planner_matches_measured_bytes():
-  """Params and AdamW state of a VL model placed on 8 devices, the frozen tower's moments
-  included (init_opt_state allocates them for every parameter)."""
+  """Params and AdamW state of a VL model placed on 8 devices, as the trainer's optimizer
+  allocates it: moments for a trained tower, none for a frozen one."""
+  from dmpo_jax.training.update import make_optimizer
   from dmpo_jax.models.qwen2_5_vl import Qwen2_5_VL
   cfg = _tiny_vl()
   _, state = nnx.split(Qwen2_5_VL(cfg, rngs=nnx.Rngs(0)))
@@ -123,13 +124,15 @@ def test_vl_planner_matches_measured_bytes():
   dev0 = jax.devices()[0]
   on_dev0 = lambda tree: sum(s.data.nbytes for x in jax.tree.leaves(tree) if np.ndim(x) > 0
                              for s in x.addressable_shards if s.device == dev0)
-  opt_state, _ = sharding.init_opt_state(optax.adamw(1e-3), placed, shardings, mesh)
-  p = plan.plan(cfg, mesh_shape, plan.Workload(prompts=8, group=2, prompt_len=32, new_tokens=8,
-                                                patch_budget=16))
-  assert p["param_bytes"] == on_dev0(placed)
-  assert p["vision_param_bytes"] == on_dev0(placed["visual"])
-  assert p["optimizer_bytes"] == on_dev0(opt_state)
-  assert p["vision_optimizer_bytes"] == 2 * p["vision_param_bytes"] > 0
+  for train_vision in (False, True):
+    opt = make_optimizer(1e-3, 10, 1, 1.0, freeze_vision=not train_vision)
+    opt_state, _ = sharding.init_opt_state(opt, {"model": placed}, {"model": shardings}, mesh)
+    p = plan.plan(cfg, mesh_shape, plan.Workload(prompts=8, group=2, prompt_len=32, new_tokens=8,
+                                                  patch_budget=16, train_vision=train_vision))
+    assert p["param_bytes"] == on_dev0(placed)
+    assert p["vision_param_bytes"] == on_dev0(placed["visual"]) > 0
+    assert p["optimizer_bytes"] == on_dev0(opt_state)
+    assert p["vision_optimizer_bytes"] == (2 * p["vision_param_bytes"] if train_vision else 0)
 
 
 def test_frozen_tower_has_no_gradients_and_training_it_does():
@@ -144,12 +147,14 @@ def test_frozen_tower_has_no_gradients_and_training_it_does():
   assert frozen["grad_bytes"] == text["grad_bytes"]
   assert trained["grad_bytes"] == text["grad_bytes"] + tower == trained["vision_grad_bytes"] + \
       text["grad_bytes"]
-  # AdamW state is the same either way (allocated for the frozen tower too).
-  assert frozen["optimizer_bytes"] == trained["optimizer_bytes"] == text["optimizer_bytes"] + 2 * tower
+  # AdamW moments only for a trained tower.
+  assert frozen["optimizer_bytes"] == text["optimizer_bytes"]
+  assert trained["optimizer_bytes"] == text["optimizer_bytes"] + 2 * tower
   # Training keeps every block's activations for the backward; frozen, one block's at a time.
   assert trained["vision_activation_bytes"] > 10 * frozen["vision_activation_bytes"] > 0
   assert trained["update_peak_bytes"] > frozen["update_peak_bytes"] > text["update_peak_bytes"]
-  assert frozen["sampling_peak_bytes"] == trained["sampling_peak_bytes"]
+  # The sampler holds the optimizer state too: the trained tower's moments are the difference.
+  assert trained["sampling_peak_bytes"] == frozen["sampling_peak_bytes"] + 2 * tower
 
 
 def test_patch_budget_raises_activation_memory():

@@ -301,3 +301,33 @@ def test_auto_micro_batches():
   assert train_lib.micro_batches(cfg, dph, one) == 1  # token-mean divergence: slicing would change it
   cfg.rl.micro_batches = 2
   assert train_lib.micro_batches(cfg, dph, one) == 2  # an explicit value is kept
+
+
+def test_frozen_vision_optimizer_has_no_tower_state_and_no_tower_update():
+  """make_optimizer(freeze_vision=True): params["model"]["visual"] gets a zero update and no
+  AdamW moments; the other params are updated as by the plain optimizer."""
+  import jax.numpy as jnp
+  params = {"model": {"visual": {"w": jnp.ones((4, 3))}, "language": {"w": jnp.ones((5,))}},
+            "log_z": {"b": jnp.ones((2,))}}
+  grads = {"model": {"visual": {"w": jnp.zeros((4, 3))}, "language": {"w": jnp.full((5,), 0.1)}},
+           "log_z": {"b": jnp.full((2,), -0.1)}}  # norm < 1: no clipping either way
+  sizes = lambda state: sum(np.size(x) for x in jax.tree.leaves(state))
+  updates = {}
+  for freeze in (False, True):
+    opt = train_lib.make_optimizer(1e-2, 5, 1, 1.0, freeze_vision=freeze)
+    state = opt.init(params)
+    updates[freeze] = [sizes(state)]
+    for _ in range(2):  # the first step's warmup learning rate is 0
+      g = grads if not freeze else {**grads, "model": {**grads["model"],
+                                                       "visual": {"w": jnp.full((4, 3), 0.3)}}}
+      up, state = opt.update(g, state, params)
+    updates[freeze].append(up)
+  assert updates[False][0] - updates[True][0] == 2 * 12  # the tower's mu and nu
+  plain, frozen = updates[False][1], updates[True][1]
+  np.testing.assert_array_equal(frozen["model"]["visual"]["w"], 0.0)  # whatever its gradient
+  assert np.abs(np.asarray(plain["model"]["visual"]["w"])).max() == 0  # zero grad, zero update
+  for path in (("model", "language", "w"), ("log_z", "b")):
+    a, b = plain, frozen
+    for k in path:
+      a, b = a[k], b[k]
+    assert np.abs(np.asarray(a)).min() > 0 and np.allclose(a, b, rtol=1e-6)

@@ -106,9 +106,22 @@ def shard_batch(batch, mesh: Mesh):
 
 def init_opt_state(opt, params, param_sharding, mesh: Mesh):
   """Optimizer state placed like the params it mirrors (AdamW mu and nu are FSDP-sharded with
-  their params); non-parameter leaves (step counts) are replicated. Returns (state, shardings)."""
-  import optax
+  their params); non-parameter leaves (step counts) are replicated. Returns (state, shardings).
+
+  A state leaf mirrors the param whose key path is the longest tail of its own with the same
+  shape (mu's path is (..., "mu", *param_path)); this holds for chains, `optax.masked` and
+  `optax.multi_transform` alike (a frozen part has no leaves at all)."""
   abstract = jax.eval_shape(opt.init, params)
-  shardings = optax.tree_map_params(opt, lambda _, s: s, abstract, param_sharding,
-                                    transform_non_params=lambda _: replicated(mesh))
+  flat, _ = jax.tree_util.tree_flatten_with_path(params)
+  by_path = {tuple(path): (leaf.shape, s)
+             for (path, leaf), s in zip(flat, jax.tree.leaves(param_sharding))}
+
+  def placement(path, leaf):
+    for i in range(len(path)):
+      shape, s = by_path.get(tuple(path[i:]), (None, None))
+      if s is not None and shape == leaf.shape:
+        return s
+    return replicated(mesh)
+
+  shardings = jax.tree_util.tree_map_with_path(placement, abstract)
   return jax.jit(opt.init, out_shardings=shardings)(params), shardings

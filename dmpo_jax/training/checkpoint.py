@@ -51,8 +51,8 @@ class Checkpointer:
   def read_meta(self, step: int) -> dict:
     return self.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
-  def restore(self, step: int, params, opt_state, model_shape: dict):
-    """Restore into the structure/shardings of (params, opt_state); refuse another model shape."""
+  def _checked_meta(self, step: int, model_shape: dict) -> dict:
+    """The step's meta; a CheckpointError when it was written for another model shape."""
     meta = self.read_meta(step)
     saved = meta.get("model_shape", {})
     diff = {k: (saved.get(k), v) for k, v in model_shape.items() if saved.get(k) != v}
@@ -60,6 +60,24 @@ class Checkpointer:
       detail = ", ".join(f"{k}: checkpoint {a} vs config {b}" for k, (a, b) in sorted(diff.items()))
       raise CheckpointError(f"checkpoint {self.directory}/{step} was written for another model "
                             f"shape ({detail}); use another --workdir or the matching config")
+    return meta
+
+  def restore_params(self, step: int, params, model_shape: dict):
+    """The params alone (evaluation), in the structure/shardings of `params`, whatever the
+    optimizer that wrote the checkpoint; returns (params, meta)."""
+    meta = self._checked_meta(step, model_shape)
+    abstract = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, params)}
+    try:
+      state = self.mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+          abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+          partial_restore=True)))["state"]
+    except Exception as e:  # orbax raises assorted types on shape/structure mismatch
+      raise CheckpointError(f"cannot restore the params of {self.directory}/{step}: {e}") from e
+    return state["params"], meta
+
+  def restore(self, step: int, params, opt_state, model_shape: dict):
+    """Restore into the structure/shardings of (params, opt_state); refuse another model shape."""
+    meta = self._checked_meta(step, model_shape)
     target = {"params": params, "opt_state": opt_state}
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
     try:

@@ -20,6 +20,7 @@ from flax import nnx
 from dmpo_jax.models import positions, qwen2_5_vl
 from dmpo_jax.models.transformer import dense
 from dmpo_jax.objectives import common, flowrl, presets
+from dmpo_jax.training.update import is_vision_param
 
 TRACES: collections.Counter = collections.Counter()  # compilations per step function
 
@@ -127,26 +128,20 @@ def _all_finite(tree):
   return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def _is_vision(path) -> bool:
-  """Whether a params leaf (path from tree_flatten_with_path) is in the vision tower."""
-  return len(path) > 1 and getattr(path[0], "key", None) == "model" and \
-      getattr(path[1], "key", None) == "visual"
-
-
 def _guarded_update(opt, loss, grads, params, opt_state, freeze_vision: bool = False):
   """Apply the update only if the loss, the gradients and the new params are all finite.
   freeze_vision: the vision tower's params stay exactly as they were (whatever the
   optimizer's weight decay), their gradients zero."""
   if freeze_vision:
     grads = jax.tree_util.tree_map_with_path(
-        lambda path, g: jnp.zeros_like(g) if _is_vision(path) else g, grads)
+        lambda path, g: jnp.zeros_like(g) if is_vision_param(path) else g, grads)
   finite = jnp.isfinite(loss) & _all_finite(grads)
   safe = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
   updates, new_state = opt.update(safe, opt_state, params)
   new_params = optax.apply_updates(params, updates)
   if freeze_vision:
     new_params = jax.tree_util.tree_map_with_path(
-        lambda path, new, old: old if _is_vision(path) else new, new_params, params)
+        lambda path, new, old: old if is_vision_param(path) else new, new_params, params)
   finite = finite & _all_finite(new_params)
   keep = lambda new, old: jnp.where(finite, new, old)
   return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state),

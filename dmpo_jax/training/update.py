@@ -18,11 +18,30 @@ from dmpo_jax.objectives import presets
 from dmpo_jax.training.state import TrainState
 
 
-def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: float):
-  """AdamW with linear warmup then cosine decay to lr / 10, after global-norm clipping."""
+def is_vision_param(path) -> bool:
+  """Whether a params leaf (its path from tree_flatten_with_path) is in the vision tower
+  (params["model"].visual of a vision-language policy)."""
+  return len(path) > 1 and getattr(path[0], "key", None) == "model" and \
+      getattr(path[1], "key", None) == "visual"
+
+
+def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: float, *,
+                   freeze_vision: bool = False):
+  """AdamW with linear warmup then cosine decay to lr / 10, after global-norm clipping.
+
+  freeze_vision: the vision tower's params get a zero update and no optimizer state (no
+  AdamW moments: 2 x the tower's f32 size saved, 5.4 GB for Qwen2.5-VL-7B's 677M-param
+  tower); the clipping norm is over the trained params. A no-op for a text model."""
   warmup = max(1, min(warmup, steps_total))
   sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps_total, warmup + 1), lr * 0.1)
-  return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(sched, weight_decay=0.0))
+  opt = optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(sched, weight_decay=0.0))
+  if not freeze_vision:
+    return opt
+
+  def labels(params):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: "frozen" if is_vision_param(path) else "trained", params)
+  return optax.multi_transform({"trained": opt, "frozen": optax.set_to_zero()}, labels)
 
 
 def micro_batches(cfg, obj: presets.ObjectiveConfig, mesh) -> int:
