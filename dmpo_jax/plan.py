@@ -145,9 +145,10 @@ def _auto_chunk(t: int, target: int = 128) -> int:
   return max(c for c in range(1, min(t, target) + 1) if t % c == 0)
 
 
-def _split(n: int, ways: int) -> float:
-  """n over `ways` tensor devices when it divides (the sharding rules replicate otherwise)."""
-  return n / ways if n % ways == 0 else n
+def _split(n: int, ways: int) -> int:
+  """A dimension of n over `ways` tensor devices: n / ways when it divides, else n (the
+  sharding rules replicate a dimension the mesh axis does not divide)."""
+  return n // ways if n % ways == 0 else n
 
 
 def vision_activation_bytes(vc: VisionConfig, patch_budget: int, prompts: int, tensor: int,
@@ -166,8 +167,8 @@ def vision_activation_bytes(vc: VisionConfig, patch_budget: int, prompts: int, t
   merged = p // vc.merge_unit
   fixed = 2 * p * p + merged * vc.out_hidden_size * act_bytes
   if trained:
-    merger = merged * vc.merge_unit * d * (1 + 2 / (tensor if (vc.merge_unit * d) % tensor == 0
-                                                    else 1)) * act_bytes
+    width = vc.merge_unit * d  # merger: its [U*D] input, and two [U*D] tensors split over tensor
+    merger = merged * (width + 2 * _split(width, tensor)) * act_bytes
     per_prompt = vc.depth * (p * tokens + heads * p * p * 4) + merger + fixed
   else:
     per_prompt = p * tokens + 2 * heads * p * p * 4 + fixed
@@ -198,7 +199,7 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
   rows_dev = -(-rows // rows_div)
   seq = work.prompt_len + work.new_tokens
   d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-  heads_dev = -(-cfg.num_heads // tensor) if cfg.num_heads % tensor == 0 else cfg.num_heads
+  heads_dev = _split(cfg.num_heads, tensor)
   # Saved per token per layer for the backward pass: residual, 2 norms, q/k/v/o (~6d),
   # the MLP's gate, up and activation (3f), and what attention keeps: the reference core
   # its float32 probabilities (heads x seq), a fused core (xla / cudnn / flash) only a
@@ -233,8 +234,8 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
   # float32 logits: all T completion tokens on CPU; on an accelerator the update makes them in
   # chunks of `steps.auto_chunk(T)` tokens (a chunk and its gradient live at once).
   logit_tokens = work.new_tokens if work.backend == "cpu" else 2 * _auto_chunk(work.new_tokens)
-  logits = micro_rows * logit_tokens * cfg.vocab_size * 4 / (tensor if cfg.vocab_size % tensor == 0 else 1)
-  kv_heads_dev = cfg.num_kv_heads // tensor if cfg.num_kv_heads % tensor == 0 else cfg.num_kv_heads
+  logits = micro_rows * logit_tokens * _split(cfg.vocab_size, tensor) * 4
+  kv_heads_dev = _split(cfg.num_kv_heads, tensor)
   kv = rows_dev * seq * L * 2 * kv_heads_dev * cfg.head_dim * act_bytes
   all_p = p_dev + v_dev
   train_total = all_p + opt + grads + acts + logits
@@ -318,8 +319,6 @@ def main(argv=None):
                   help="vision-language models: the vision tower is trained (default: frozen, "
                        "as rl.freeze_vision)")
   args = ap.parse_args(argv)
-  if args.patch_budget is not None and args.patch_budget <= 0:
-    ap.error(f"--patch_budget must be a positive number of patches, got {args.patch_budget}")
   mesh = _parse_mesh(args.mesh)
   work = Workload(args.prompts, args.group, args.prompt_len, args.new_tokens, args.remat,
                   args.micro_batches, args.backend)
@@ -362,7 +361,10 @@ def main(argv=None):
   if args.attention != "auto":
     cfg = (cfg.replace(attention=args.attention) if not is_vl else
            dataclasses.replace(cfg, text=cfg.text.replace(attention=args.attention)))
-  p = plan(cfg, mesh, work, args.device_gib * GIB)
+  try:
+    p = plan(cfg, mesh, work, args.device_gib * GIB)
+  except ValueError as e:  # a workload the model cannot take (patch budget): name it, no trace
+    ap.error(str(e))
   print(format_plan(name, p))
   if not p["fits"]:
     need = max(p["update_peak_bytes"], p["sampling_peak_bytes"]) / GIB

@@ -193,18 +193,21 @@ def test_cli_plans_the_vl_model(capsys, tmp_path):
 
 
 def test_vl_flags_refuse_bad_input(capsys):
-  with pytest.raises(SystemExit) as e:
-    plan.main(["--model=qwen2.5-vl-7b", "--patch_budget=-4"])
-  assert e.value.code == 2 and "--patch_budget must be a positive" in capsys.readouterr().err
   for flag in ("--train_vision", "--patch_budget=1024"):
     with pytest.raises(SystemExit):
       plan.main(["--model=qwen2.5-7b", flag])
     err = capsys.readouterr().err
     assert flag.split("=")[0] + " applies to vision-language models only" in err
-  with pytest.raises(ValueError, match="patch_budget=1022 must be a positive multiple of"):
-    plan.main(["--model=qwen2.5-vl-7b", "--patch_budget=1022"])
-  with pytest.raises(ValueError, match="patch_budget=4096 gives 1024 image tokens per prompt, "
-                                       "more than prompt_len=512"):
-    plan.main(["--model=qwen2.5-vl-7b", "--patch_budget=4096", "--prompt_len=512"])
+  for argv, message in (
+      (["--patch_budget=-4"], "patch_budget=-4 must be a positive multiple of spatial_merge_size"),
+      (["--patch_budget=1022"], "patch_budget=1022 must be a positive multiple of"),
+      (["--patch_budget=4096", "--prompt_len=512"],
+       "patch_budget=4096 gives 1024 image tokens per prompt, more than prompt_len=512")):
+    with pytest.raises(SystemExit) as e:  # the CLI: a usage error naming the field, no traceback
+      plan.main(["--model=qwen2.5-vl-7b", *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(ValueError, match=message):  # the API
+      plan.plan(plan.vl_config("qwen2.5-vl-7b"), {"fsdp": 8},
+                plan.Workload(**{k.lstrip("-"): int(v) for k, v in (a.split("=") for a in argv)}))
   with pytest.raises(TypeError, match="ModelConfig or a VLConfig"):
     plan.plan(plan.vl_config("qwen2.5-vl-7b").vision, {"fsdp": 8}, plan.Workload())
