@@ -8,7 +8,7 @@ end) and its copy of the script runs there; the new one is the working tree.
 Runs alternate A B B A A B ... so that drift of the machine (thermal, other
 load) falls on both sides alike. Each script must print one JSON object as its
 last line (every benchmark here does); every numeric leaf whose key ends in
-`_s` is a time. Printed per time: the best of each side over the pairs, and
+`_s` (seconds) or `_ms` (milliseconds) is a time. Printed per time: the best of each side over the pairs, and
 speed = old / new of the best and of each pair (> 1: the new code is faster).
 Last line: one JSON object.
 """
@@ -26,15 +26,19 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
 def times(obj, prefix: str = "") -> dict[str, float]:
-  """The numeric leaves of a benchmark's JSON whose key ends in `_s`, by dotted path."""
+  """The numeric leaves of a benchmark's JSON whose key ends in `_s` or `_ms`, by dotted path,
+  in seconds."""
   out = {}
   if isinstance(obj, dict):
     for k, v in obj.items():
       path = f"{prefix}.{k}" if prefix else str(k)
       if isinstance(v, dict):
         out.update(times(v, path))
-      elif isinstance(v, (int, float)) and not isinstance(v, bool) and str(k).endswith("_s"):
-        out[path] = float(v)
+      elif isinstance(v, (int, float)) and not isinstance(v, bool):
+        if str(k).endswith("_s"):
+          out[path] = float(v)
+        elif str(k).endswith("_ms"):
+          out[path] = float(v) / 1e3
   return out
 
 
@@ -88,7 +92,7 @@ def main():
                    capture_output=True)
   keys = [k for k in res["new"][0] if all(k in r for r in res["old"] + res["new"])]
   if not keys:
-    raise SystemExit("the two sides' JSON share no time (`*_s`) keys")
+    raise SystemExit("the two sides' JSON share no time (`*_s`, `*_ms`) keys")
   print(f"{args.script} {' '.join(args.script_args)}: old {sha[:10]} vs the working tree, "
         f"{args.pairs} interleaved pairs; speed = old / new (> 1: new is faster)")
   print(f"  {'time':50s} {'old best':>10s} {'new best':>10s} {'speed':>6s}  per pair")

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 AB = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "ab.py")
-SCRIPT = "import json; print('warm-up line'); print(json.dumps({{'step': {{'update_s': {t}, 'n': 3}}}}))\n"
+SCRIPT = ("import json; print('warm-up line'); "
+          "print(json.dumps({{'step': {{'update_s': {t}, 'n': 3}}, 'loss_ms': {t} * 2000}}))\n")
 
 
 def _git(repo, *args):
@@ -28,7 +29,8 @@ def test_ab_compares_an_old_commit_with_the_working_tree(tmp_path):
   assert out.returncode == 0, out.stderr
   res = json.loads(out.stdout.strip().splitlines()[-1])
   t = res["times"]["step.update_s"]
-  assert list(res["times"]) == ["step.update_s"]  # `n` is not a time
+  assert list(res["times"]) == ["step.update_s", "loss_ms"]  # `n` is not a time
+  assert res["times"]["loss_ms"]["new_best_s"] == pytest.approx(0.2)  # milliseconds -> seconds
   assert t["old_best_s"] == 0.3 and t["new_best_s"] == 0.1
   assert t["speed"] == pytest.approx(3.0) and t["speed_per_pair"] == pytest.approx([3.0, 3.0])
   listed = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True,
