@@ -364,7 +364,7 @@ def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
             o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
             sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0,
                                    freeze_vision=freeze_vision(cfg, "sft", vl_cfg)),
-            rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 1, cfg.rl.max_grad_norm,
+            rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 0, cfg.rl.max_grad_norm,
                                   freeze_vision=freeze_vision(cfg, "rl", vl_cfg)),
             ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep),
             vl_cfg=vl_cfg, processor=processor)

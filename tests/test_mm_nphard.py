@@ -238,3 +238,37 @@ def test_mm_smoke_run_end_to_end_with_resume(tmp_path):
   assert res["after"]["overall"] == mods["image"]["overall"]
   model, processor = hf.load(str(wd / "hf"))
   assert mm.is_vlm(model) and processor.image_token_id == model.cfg.image_token_id
+
+
+@pytest.mark.slow
+def test_qwen_vl_config_trains_a_local_folder(tmp_path):
+  """configs/mm_nphard_qwen.py on a tiny Qwen2.5-VL folder (the from-scratch VLM, saved):
+  HF init, NP-Bench's wording with the image, bf16 compute, no SFT, one RL step with the
+  tower frozen (bit-identical after it), params over 2 devices, evaluation in three
+  modalities, HF export."""
+  import mm_nphard_qwen
+  from dmpo_jax import train as train_lib
+  from dmpo_jax.models import hf
+  folder = str(tmp_path / "qwen_vl")
+  model, processor = mm.build_vlm(mm_nphard.get_config("smoke"))
+  hf.save(model, processor, folder)
+  cfg = mm_nphard_qwen.get_config(folder)
+  assert cfg.prompt_style == "npbench_image" and cfg.rl.freeze_vision and cfg.sft.steps == 0
+  cfg.tasks, cfg.level, cfg.chat_template = "knapsack", "tiny", False  # no chat template here
+  cfg.model.update(max_prompt_len=384, max_new_tokens=8)
+  cfg.image.update(size=128, patch_budget=64)  # the folder's processor: 112 px, 8 x 8 patches
+  cfg.rl.update(steps=1, prompts_per_step=4, group_size=2, micro_batches=2)
+  cfg.eval.update(num_per_task=2, samples=3, batch_prompts=4)
+  cfg.mesh.update(data=1, fsdp=2)
+  cfg.log.update(tensorboard=False, progress=False, plots=False)
+  res = train_lib.train(cfg, str(tmp_path / "run"))
+  assert res["steps"] == {"sft": 0, "rl": 1}
+  assert list(res["modalities"]["after"]) == ["image", "blank", "text"]
+  after, _ = hf.load(str(tmp_path / "run" / "hf"))
+  tower = lambda m: {k: np.asarray(v) for k, v in
+                     __import__("jax").tree_util.tree_flatten_with_path(
+                         __import__("flax").nnx.state(m.visual))[0]}
+  before_t, after_t = tower(model), tower(after)
+  assert before_t.keys() == after_t.keys() and before_t
+  for k in before_t:
+    np.testing.assert_array_equal(before_t[k], after_t[k])  # the frozen tower

@@ -331,3 +331,21 @@ def test_frozen_vision_optimizer_has_no_tower_state_and_no_tower_update():
     for k in path:
       a, b = a[k], b[k]
     assert np.abs(np.asarray(a)).min() > 0 and np.allclose(a, b, rtol=1e-6)
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 3])
+def test_optimizer_schedule_warmup_and_decay(warmup):
+  """The learning rate of each step (Adam on a constant gradient moves by the rate): warmup 0
+  starts at lr (RL: its first step is not wasted), warmup k starts at 0 and peaks at step k;
+  all end at lr / 10 after steps_total."""
+  import jax.numpy as jnp
+  opt = train_lib.make_optimizer(1.0, 10, warmup, 1e9)
+  params = {"w": jnp.zeros(())}
+  state, rates = opt.init(params), []
+  for _ in range(11):
+    update, state = opt.update({"w": jnp.ones(())}, state, params)
+    rates.append(-float(update["w"]))
+  assert rates[warmup] == pytest.approx(1.0, abs=1e-4)
+  assert all(r == pytest.approx(i / warmup, abs=1e-4) for i, r in enumerate(rates[:warmup]))
+  assert all(a > b for a, b in zip(rates[warmup:], rates[warmup + 1:]))  # then decays
+  assert rates[10] == pytest.approx(0.1, abs=1e-4)  # Adam: rate x (1 - ~1e-5)

@@ -27,13 +27,19 @@ def is_vision_param(path) -> bool:
 
 def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: float, *,
                    freeze_vision: bool = False):
-  """AdamW with linear warmup then cosine decay to lr / 10, after global-norm clipping.
+  """AdamW after global-norm clipping; the learning rate warms up linearly from 0 over
+  `warmup` steps (the first step's rate is 0), then decays along a cosine to lr / 10 at
+  `steps_total`. warmup=0: no warmup, the first step runs at lr (RL's setting).
 
   freeze_vision: the vision tower's params get a zero update and no optimizer state (no
   AdamW moments: 2 x the tower's f32 size saved, 5.4 GB for Qwen2.5-VL-7B's 677M-param
   tower); the clipping norm is over the trained params. A no-op for a text model."""
-  warmup = max(1, min(warmup, steps_total))
-  sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps_total, warmup + 1), lr * 0.1)
+  if warmup <= 0:
+    sched = optax.cosine_decay_schedule(lr, max(steps_total, 1), alpha=0.1)
+  else:
+    warmup = min(warmup, max(steps_total, 1))
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps_total, warmup + 1),
+                                               lr * 0.1)
   opt = optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(sched, weight_decay=0.0))
   if not freeze_vision:
     return opt
