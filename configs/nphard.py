@@ -49,6 +49,7 @@ def get_config(arg: str | None = None):
   ))
   c.sft = config_dict.ConfigDict(dict(
       steps=400, batch_size=32, lr=2e-3, warmup=40, solutions_per_instance=4,
+      targets="sampled",       # or "optimal": drawn uniformly from the enumerated optima
   ))
   c.dph = config_dict.ConfigDict(dict(   # DPH-RL pre-sampling (dph_* presets only)
       num_prompts=64, samples=8, temperature=1.0, correct="feasible",  # or "optimal"

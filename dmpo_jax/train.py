@@ -160,7 +160,10 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
 
 
 def task_keys(cfg) -> list[str]:
-  return tasks_lib.names() if cfg.tasks == "all" else [k.strip() for k in cfg.tasks.split(",")]
+  """config.tasks: "all", or task keys separated by "," or "+"."""
+  if cfg.tasks == "all":
+    return tasks_lib.names()
+  return [k.strip() for k in cfg.tasks.replace("+", ",").split(",") if k.strip()]
 
 
 def build_model(cfg):

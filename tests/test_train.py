@@ -349,3 +349,10 @@ def test_optimizer_schedule_warmup_and_decay(warmup):
   assert all(r == pytest.approx(i / warmup, abs=1e-4) for i, r in enumerate(rates[:warmup]))
   assert all(a > b for a, b in zip(rates[warmup:], rates[warmup + 1:]))  # then decays
   assert rates[10] == pytest.approx(0.1, abs=1e-4)  # Adam: rate x (1 - ~1e-5)
+
+
+def test_task_keys_take_commas_or_plus_signs():
+  from ml_collections import config_dict
+  keys = lambda s: train_lib.task_keys(config_dict.ConfigDict({"tasks": s}))
+  assert keys("TSP,knapsack") == keys("TSP+knapsack") == keys(" TSP , knapsack,") == ["TSP", "knapsack"]
+  assert len(keys("all")) == 10
