@@ -41,6 +41,7 @@ def get_config(arg: str | None = None):
   )
   c.eval.modalities = ("image", "blank", "text")  # scored side by side on the same instances
   c.sft.freeze_vision = False     # SFT trains the tower from scratch (features get gradients)
+  c.sft.vision_lr_scale = 1.0     # the tower's learning rate / the language model's (SFT)
   c.rl.freeze_vision = True       # RL keeps it: the sampler's image features are the update's
   c.sft.steps, c.rl.steps = 300, 40
   c.eval.num_per_task = 8

@@ -99,6 +99,18 @@ def freeze_vision(cfg, stage: str, vl_cfg) -> bool:
   return vl_cfg is not None and bool(cfg[stage].get("freeze_vision", True))
 
 
+def vision_optimizer_opts(cfg, stage: str, vl_cfg) -> dict:
+  """make_optimizer's tower options of a stage: freeze_vision, and config.<stage>.
+  vision_lr_scale (default 1.0) for a trained tower; none for a text model."""
+  if vl_cfg is None:
+    return {}
+  scale = float(cfg[stage].get("vision_lr_scale", 1.0))
+  if scale <= 0:
+    raise ValueError(f"config.{stage}.vision_lr_scale={scale} must be > 0 (to keep the tower "
+                     f"fixed, set config.{stage}.freeze_vision=True)")
+  return {"freeze_vision": freeze_vision(cfg, stage, vl_cfg), "vision_lr_scale": scale}
+
+
 # ---------------------------------------------------------------------------
 # Config checks (bad input names itself).
 def objective_from_config(cfg) -> presets.ObjectiveConfig:
@@ -366,9 +378,9 @@ def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
             tok=tok, encoder=encoder, graphdef=graphdef, model_shape=model_shape(model), p_sh=p_sh,
             o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
             sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0,
-                                   freeze_vision=freeze_vision(cfg, "sft", vl_cfg)),
+                                   **vision_optimizer_opts(cfg, "sft", vl_cfg)),
             rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 0, cfg.rl.max_grad_norm,
-                                  freeze_vision=freeze_vision(cfg, "rl", vl_cfg)),
+                                  **vision_optimizer_opts(cfg, "rl", vl_cfg)),
             ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep),
             vl_cfg=vl_cfg, processor=processor)
   latest = run.ckpt.latest_step()

@@ -356,3 +356,21 @@ def test_task_keys_take_commas_or_plus_signs():
   keys = lambda s: train_lib.task_keys(config_dict.ConfigDict({"tasks": s}))
   assert keys("TSP,knapsack") == keys("TSP+knapsack") == keys(" TSP , knapsack,") == ["TSP", "knapsack"]
   assert len(keys("all")) == 10
+
+
+def test_vision_lr_scale_slows_only_the_tower():
+  """make_optimizer(vision_lr_scale=s): the tower's update is s times the plain one (same
+  gradients, Adam), the other params' are the plain ones; s <= 0 is refused."""
+  import jax.numpy as jnp
+  params = {"model": {"visual": {"w": jnp.ones((3,))}, "language": {"w": jnp.ones((2,))}}}
+  grads = {"model": {"visual": {"w": jnp.full((3,), 0.2)}, "language": {"w": jnp.full((2,), -0.1)}}}
+  ups = {}
+  for scale in (1.0, 0.1):
+    opt = train_lib.make_optimizer(1e-2, 5, 0, 1.0, vision_lr_scale=scale)
+    ups[scale], _ = opt.update(grads, opt.init(params), params)
+  np.testing.assert_allclose(ups[0.1]["model"]["visual"]["w"], 0.1 * ups[1.0]["model"]["visual"]["w"],
+                             rtol=1e-6)
+  np.testing.assert_array_equal(ups[0.1]["model"]["language"]["w"], ups[1.0]["model"]["language"]["w"])
+  assert np.abs(np.asarray(ups[1.0]["model"]["visual"]["w"])).min() > 0
+  with pytest.raises(ValueError, match="vision_lr_scale=0 must be > 0"):
+    train_lib.make_optimizer(1e-2, 5, 0, 1.0, vision_lr_scale=0)
