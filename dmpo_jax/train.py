@@ -101,14 +101,12 @@ def freeze_vision(cfg, stage: str, vl_cfg) -> bool:
 
 def vision_optimizer_opts(cfg, stage: str, vl_cfg) -> dict:
   """make_optimizer's tower options of a stage: freeze_vision, and config.<stage>.
-  vision_lr_scale (default 1.0) for a trained tower; none for a text model."""
+  vision_lr_scale (default 1.0; checked in check_config) for a trained tower; none for a
+  text model."""
   if vl_cfg is None:
     return {}
-  scale = float(cfg[stage].get("vision_lr_scale", 1.0))
-  if scale <= 0:
-    raise ValueError(f"config.{stage}.vision_lr_scale={scale} must be > 0 (to keep the tower "
-                     f"fixed, set config.{stage}.freeze_vision=True)")
-  return {"freeze_vision": freeze_vision(cfg, stage, vl_cfg), "vision_lr_scale": scale}
+  return {"freeze_vision": freeze_vision(cfg, stage, vl_cfg),
+          "vision_lr_scale": float(cfg[stage].get("vision_lr_scale", 1.0))}
 
 
 # ---------------------------------------------------------------------------
@@ -126,6 +124,11 @@ def objective_from_config(cfg) -> presets.ObjectiveConfig:
 
 
 def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
+  for stage in ("sft", "rl"):
+    scale = cfg[stage].get("vision_lr_scale", 1.0)
+    if not scale > 0:
+      raise ValueError(f"config.{stage}.vision_lr_scale={scale} must be > 0 (to keep the tower "
+                       f"fixed, set config.{stage}.freeze_vision=True)")
   g = cfg.rl.group_size
   if g < 2 and obj.advantage in terms.NEEDS_GROUP:
     raise ValueError(f"config.rl.group_size={g}: {obj.advantage} advantages need a group of at "

@@ -264,10 +264,11 @@ def test_qwen_vl_config_trains_a_local_folder(tmp_path):
   res = train_lib.train(cfg, str(tmp_path / "run"))
   assert res["steps"] == {"sft": 0, "rl": 1}
   assert list(res["modalities"]["after"]) == ["image", "blank", "text"]
+  import jax
+  from flax import nnx
   after, _ = hf.load(str(tmp_path / "run" / "hf"))
-  tower = lambda m: {k: np.asarray(v) for k, v in
-                     __import__("jax").tree_util.tree_flatten_with_path(
-                         __import__("flax").nnx.state(m.visual))[0]}
+  tower = lambda m: {jax.tree_util.keystr(k): np.asarray(v)
+                     for k, v in jax.tree_util.tree_flatten_with_path(nnx.state(m.visual))[0]}
   before_t, after_t = tower(model), tower(after)
   assert before_t.keys() == after_t.keys() and before_t
   for k in before_t:
