@@ -119,3 +119,52 @@ def tiny_vl_folder(path, seed=0):
   with open(os.path.join(path, "config.json")) as f:
     save_tiny_vl_processor(path, vision.vision_config_from_hf(json.load(f)))
   return model
+
+
+# Invariance tests: runs that differ only in summation order (mesh shape, micro-batches,
+# processes) agree in float32 up to reordering noise, ~1e-7 relative in a loss or gradient.
+# Adam divides by sqrt(v): where a gradient element sits near zero (|g| ~ its own rounding
+# noise), the noise can move that element's update by up to a whole step, so parameters after
+# Adam cannot be compared at the gradients' tolerance. What a real bug does is different: a lost
+# optimizer state, a reset reference policy or a wrong shard moves whole tensors, not single
+# elements. Hence two bounds for parameters after Adam (docs/TRAINING.md, "Testing"):
+#   1. tight: |a - b| <= PARAM_ATOL + PARAM_RTOL |b| for all but at most
+#      max(1, OUTLIER_FRACTION x size) elements of each tensor and OUTLIER_FRACTION of all;
+#   2. ceiling: every element within 2 x ADAM_STEP_BOUND x (sum of the learning rates), the
+#      most two Adam trajectories from one start can part (Kingma & Ba, arXiv 1412.6980,
+#      sec. 2.1: |step| <= lr (1 - b1) / sqrt(1 - b2) = 3.16 lr at b1 = 0.9, b2 = 0.999).
+PARAM_RTOL, PARAM_ATOL = 1e-5, 1e-6
+OUTLIER_FRACTION = 1e-3
+ADAM_STEP_BOUND = 3.2
+
+
+def assert_adam_close(a_tree, b_tree, *, lr_sum: float, names=None):
+  """Parameters after Adam from two runs that differ only in summation order agree: see above.
+  lr_sum: the sum of the learning rates of every Adam step either run took (an upper bound)."""
+  import jax
+
+  a_leaves, b_leaves = jax.tree.leaves(a_tree), jax.tree.leaves(b_tree)
+  assert len(a_leaves) == len(b_leaves), (len(a_leaves), len(b_leaves))
+  names = names or [str(i) for i in range(len(a_leaves))]
+  ceiling = 2 * ADAM_STEP_BOUND * lr_sum
+  total = outliers = 0
+  for name, a, b in zip(names, a_leaves, b_leaves):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert a.shape == b.shape, (name, a.shape, b.shape)
+    diff = np.abs(a - b)
+    out = diff > PARAM_ATOL + PARAM_RTOL * np.abs(b)
+    n_out = int(out.sum())
+    assert n_out <= max(1, int(OUTLIER_FRACTION * a.size)), (
+        f"{name}: {n_out} of {a.size} elements beyond the tight bound (max diff {diff.max():.3g}): "
+        "more than float32 reordering noise through Adam")
+    assert diff.max() <= ceiling, (
+        f"{name}: an element differs by {diff.max():.3g}, more than two Adam trajectories can "
+        f"part ({ceiling:.3g} = 2 x {ADAM_STEP_BOUND} x sum of learning rates {lr_sum:.3g})")
+    total, outliers = total + a.size, outliers + n_out
+  assert outliers <= OUTLIER_FRACTION * total, (outliers, total)
+
+
+def adam_lr_sum(cfg) -> float:
+  """An upper bound on the sum of the learning rates of a training config's Adam steps (the
+  schedules never exceed their peak lr)."""
+  return cfg.sft.lr * max(cfg.sft.steps, 0) + cfg.rl.lr * max(cfg.rl.steps, 0)

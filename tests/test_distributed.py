@@ -9,7 +9,12 @@ import sys
 import numpy as np
 import pytest
 
+from tests.helpers import adam_lr_sum, assert_adam_close
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "configs"))
+import nphard  # noqa: E402
+
 ARGS = ["--config=configs/nphard.py:smoke", "--config.sft.steps=1", "--config.rl.steps=1",
         "--config.log.plots=False", "--config.log.tensorboard=False"]
 
@@ -54,5 +59,10 @@ def test_two_processes_match_one(tmp_path):
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
   p1, p2 = _params(one), _params(two)
   assert p1.keys() == p2.keys()
-  for k in p1:
-    np.testing.assert_allclose(p1[k], p2[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  # Two processes sum the gradients in another order: Adam-updated parameters are compared with
+  # the scale-aware bound of tests/helpers.py (losses above stay tight).
+  keys = sorted(p1)
+  cfg = nphard.get_config("smoke")
+  cfg.sft.steps = cfg.rl.steps = 1  # as in ARGS
+  assert_adam_close([p2[k] for k in keys], [p1[k] for k in keys], lr_sum=adam_lr_sum(cfg),
+                    names=keys)

@@ -14,6 +14,7 @@ import pytest
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax import train as train_lib
 from dmpo_jax.models import hf
+from tests.helpers import adam_lr_sum, assert_adam_close
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "configs"))
@@ -135,11 +136,13 @@ def test_meshes_match_one_device(mesh, tmp_path, one_device_run):
   r1 = [json.loads(l) for l in open(one_device_run / "metrics.jsonl")]
   assert len(r8) == len(r1) == 2
   for x, y in zip(r8, r1):
+    # Losses and gradient norms carry no Adam amplification: float32 reordering noise only
+    # (~1e-7 relative; 1e-5 is ~100 ulps).
     assert x["loss"] == pytest.approx(y["loss"], rel=1e-5, abs=1e-6)
+    assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-5, abs=1e-6)
   p8, p1 = load_params(tmp_path), load_params(one_device_run)
-  for x, y in zip(jax.tree.leaves(p8), jax.tree.leaves(p1)):
-    # float32: sharded reductions sum in another order; 1e-5 relative is ~100 ulps.
-    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  assert_adam_close(p8, p1, lr_sum=adam_lr_sum(smoke(**TWO_STEPS)),
+                    names=[jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(p1)])
 
 
 def test_parameters_sharded_as_the_rules_say():
