@@ -299,8 +299,3 @@ class Task:
     """n optimal solutions drawn uniformly from the enumerated set (SFT targets)."""
     from dmpo_jax.tasks import optima
     return optima.sample_optimal(self, instance, n, seed=seed, limit=limit, time_limit=time_limit)
-
-
-def int_keys(d: dict) -> dict:
-  """JSON dicts have string keys; NP-Bench's in-memory ones may have ints."""
-  return {int(k): v for k, v in d.items()}

@@ -16,6 +16,7 @@ from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training import pipeline
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.tasks import diversity, optima, scoring
+from dmpo_jax import sampling
 
 SUCCESS = ("feasible", "positive_ratio")
 TABLE_METRICS = ("SR@3", "QR@3", "SR_mean", "QR_mean", "distinct", "length")
@@ -47,7 +48,7 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
     real = len(chunk)
     padded = chunk + [chunk[-1]] * (batch_prompts - real)  # fixed shapes: no recompilation
     ids = [encoder.encode(key, q) for key, q in padded]
-    pt, pm = pipeline.pad_left(ids, prompt_len, encoder.pad)
+    pt, pm = sampling.pad_prompts(ids, prompt_len, encoder.pad)
     extra = () if images is None else (images(padded, pt, pm),)
     tokens, mask = sample_fn(pt, pm, jax.random.fold_in(rng, c0), *extra)
     tokens, mask = dist.to_host(tokens), dist.to_host(mask)

@@ -209,15 +209,6 @@ class PromptEncoder:
     return out
 
 
-def pad_left(rows: list[list[int]], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
-  tokens = np.full((len(rows), length), pad, np.int32)
-  mask = np.zeros((len(rows), length), np.int32)
-  for i, r in enumerate(rows):
-    tokens[i, length - len(r):] = r
-    mask[i, length - len(r):] = 1
-  return tokens, mask
-
-
 def pad_right(rows: list[list[int]], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
   tokens = np.full((len(rows), length), pad, np.int32)
   mask = np.zeros((len(rows), length), np.int32)
