@@ -48,13 +48,13 @@ class Collapse:
 
   def optima(self, key: str, q: dict):
     """The instance's Optima, or None for a task without enumeration."""
-    if key not in optima.supported():
+    if not tasks_lib.get(key).has_optima:
       return None
     return tasks_lib.get(key).optimal_solutions(q, limit=self.limit, time_limit=self.time_limit)
 
   def accepts(self, key: str, q: dict) -> bool:
     """Whether the filter keeps the instance (tasks without enumeration: always)."""
-    if key not in optima.supported():
+    if not tasks_lib.get(key).has_optima:
       return True
     return optima.optima_in_range(tasks_lib.get(key), q, self.min_optima, self.max_optima,
                                   limit=self.limit, time_limit=self.time_limit) is not None
