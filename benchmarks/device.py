@@ -12,7 +12,7 @@ TPU it builds Qwen2.5-0.5B- and 1.5B-shaped models in bfloat16 and measures:
   weights once and the KV cache of every row);
 - update: the RL update's model FLOP utilisation (6 x params x tokens plus
   attention, over the datasheet bf16 peak) and its peak memory against
-  `dmpo_jax.plan`'s prediction for the same shapes;
+  `dmpo_jax.parallel.plan`'s prediction for the same shapes;
 - attention: forward + backward of every attention core the backend has, on
   the 0.5B shape.
 
@@ -34,7 +34,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from dmpo_jax import plan, sampling
+from dmpo_jax import sampling
+from dmpo_jax.parallel import plan
 from dmpo_jax.training import steps
 from dmpo_jax.models import attention
 from dmpo_jax.models.config import ModelConfig

@@ -42,7 +42,7 @@ DEFAULT_CONFIG = dict(
 
 def time_sampler(gen, reps: int):
   """(best seconds of `reps` calls, seconds of the first call with its compilation, last
-  output) of gen(key) -> Rollout."""
+  output) of gen(key) -> Samples."""
   import jax
   t = time.perf_counter()
   gen(jax.random.key(0)).tokens.block_until_ready()

@@ -89,7 +89,7 @@ def main(argv=None):
   ones = np.ones_like(prompts)
   pt, pm = np.repeat(prompts, args.samples, 0), np.repeat(ones, args.samples, 0)
   scfg = sampler_lib.SamplingConfig(max_new_tokens=lt, num_samples=args.samples, temperature=1.0)
-  sample = jax.jit(lambda p, a, b, r: sampler_lib._generate(graphdef, p, a, b, r, scfg))
+  sample = jax.jit(lambda p, a, b, r: sampler_lib.generate_padded(graphdef, p, a, b, r, scfg))
   jax.block_until_ready(sample(state, prompts, ones, jax.random.key(0)).tokens)
   t = time.perf_counter()
   jax.block_until_ready(sample(state, prompts, ones, jax.random.key(1)).tokens)

@@ -2,7 +2,7 @@
 
     python -m dmpo_jax.train --config=configs/llama3_dph.py:/models/Llama-3.1-8B-Instruct \
         --workdir=runs/llama3_dph_js
-    python -m dmpo_jax.plan --config=configs/llama3_dph.py:/models/Llama-3.1-8B-Instruct
+    python -m dmpo_jax.parallel.plan --config=configs/llama3_dph.py:/models/Llama-3.1-8B-Instruct
 
 DPH-RL (arXiv 2509.07430) trains Llama-3.1-8B-Instruct among its models; its
 JS-divergence variant (`dph_js`) kept Pass@k of the Llama base while raising

@@ -52,7 +52,7 @@ def get_config(arg: str | None = None):
       targets="sampled",       # or "optimal": drawn uniformly from the enumerated optima
   ))
   c.dph = config_dict.ConfigDict(dict(   # DPH-RL pre-sampling (dph_* presets only)
-      num_prompts=64, samples=8, temperature=1.0, correct="feasible",  # or "optimal"
+      num_prompts=64, samples=8, correct="feasible",  # or "optimal"; sampled at rl.temperature
       # D_pef: prompts the initial policy solves in at least this share of its samples. DPH-RL
       # uses 1.0 (all); the small from-scratch policy solves almost nothing every time, so 0.5.
       pef_threshold=0.5,

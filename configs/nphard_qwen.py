@@ -6,7 +6,7 @@
 The settings (fsdp over all devices, remat, 4 micro-batches) are sized by the
 memory plan for Qwen2.5-0.5B, 1.5B and 7B-Instruct on 8 devices of 141 GiB;
 no accelerator run of this config has been measured yet. `python -m
-dmpo_jax.plan --config=configs/nphard_qwen.py:<folder>` prints the plan for a
+dmpo_jax.parallel.plan --config=configs/nphard_qwen.py:<folder>` prints the plan for a
 folder and a mesh. On one device use --config.mesh.fsdp=1 and, for 7B, more
 micro-batches (--config.rl.micro_batches=32).
 
@@ -32,7 +32,7 @@ def get_config(arg: str | None = None):
   c.model.init = arg
   c.model.dtype, c.model.param_dtype = "bfloat16", "float32"
   c.model.max_prompt_len, c.model.max_new_tokens = 2048, 1024
-  c.model.remat = True         # python -m dmpo_jax.plan --config=... prints the memory plan
+  c.model.remat = True         # python -m dmpo_jax.parallel.plan --config=... prints the memory plan
   c.prompt_style, c.chat_template = "npbench", True
   c.level = "easy"
   c.sft.steps = 0

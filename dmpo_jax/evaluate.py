@@ -196,7 +196,7 @@ def main(argv):
   scfg = sampler_lib.SamplingConfig(max_new_tokens=FLAGS.max_new_tokens or d.get("max_new_tokens", 1024),
                                     num_samples=samples, temperature=FLAGS.temperature, eos_id=tok.eos_token_id,
                                     pad_id=encoder.pad)
-  sample = jax.jit(lambda p, pt, pm, rng: sampler_lib._generate(graphdef, p, pt, pm, rng, scfg))
+  sample = jax.jit(lambda p, pt, pm, rng: sampler_lib.generate_padded(graphdef, p, pt, pm, rng, scfg))
   def sample_fn(pt, pm, rng):
     r = sample(params, pt, pm, rng)
     return r.tokens, r.mask
@@ -254,7 +254,7 @@ def evaluate_vlm(graphdef, params, processor, d: dict) -> None:
   scfg = sampler_lib.SamplingConfig(max_new_tokens=FLAGS.max_new_tokens or d.get("max_new_tokens", 1024),
                                     num_samples=FLAGS.samples, temperature=FLAGS.temperature,
                                     eos_id=processor.tokenizer.eos_token_id, pad_id=encoder.pad)
-  sample = jax.jit(lambda p, pt, pm, rng, im: sampler_lib._generate(graphdef, p, pt, pm, rng, scfg, im))
+  sample = jax.jit(lambda p, pt, pm, rng, im: sampler_lib.generate_padded(graphdef, p, pt, pm, rng, scfg, im))
 
   def run_eval(enc, plen, images):
     def sample_fn(pt, pm, rng, im):

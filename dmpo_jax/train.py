@@ -48,13 +48,14 @@ from dmpo_jax.tasks import diversity
 from dmpo_jax.tasks import optima as optima_lib
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.training import dph
-from dmpo_jax.training.rollout import collect_rollouts, make_sampler
+from dmpo_jax.training.rollout import collect_rollouts
 from dmpo_jax.training.state import LOG_Z_SEED_OFFSET, TrainState, checkpoint_meta
 from dmpo_jax.training.update import auto_micro_batches, make_optimizer, micro_batches, update
+from dmpo_jax import sampling
 
 FLAGS = flags.FLAGS
 __all__ = ["train", "setup", "Run", "TrainingError", "build_model", "model_shape", "objective_from_config",
-           "check_config", "make_optimizer", "micro_batches", "auto_micro_batches", "make_sampler"]
+           "check_config", "make_optimizer", "micro_batches", "auto_micro_batches"]
 
 
 def define_flags():
@@ -266,7 +267,7 @@ class Run:
                                       eos_id=self.tok.eos_token_id, pad_id=self.encoder.pad)
 
   def sampler(self, scfg):
-    return make_sampler(self.graphdef, scfg, self.p_sh, self.data_sh, self.rep)
+    return sampling.make_sampler(self.graphdef, scfg, self.p_sh, self.data_sh, self.rep)
 
   def vision_opts(self, stage: str) -> dict:
     """The step's vision-tower option (`freeze_vision`); nothing for a text model."""
@@ -460,7 +461,7 @@ def sft_batch(run: Run, step: int) -> dict:
     for s in sols:
       prompts.append(ids)
       answers.append(run.encoder.answer_ids(key, s))
-  pt, pm = pipeline.pad_left(prompts, run.prompt_len, run.encoder.pad)
+  pt, pm = sampling.pad_prompts(prompts, run.prompt_len, run.encoder.pad)
   at, am = pipeline.pad_right(answers, run.completion_len, run.encoder.pad)
   seqs = {"tokens": np.concatenate([pt, at], 1), "prompt_mask": pm}
   if run.vl_cfg is not None:

@@ -85,8 +85,7 @@ What the RL stage repeats: collect rollouts (sample G answers per prompt,
 verify them on the host while the device samples, shape the rewards) and
 update on that batch. `setup` restores the trained run's state from its
 workdir."""),
-    new_code_cell(r'''from dmpo_jax import steps
-from dmpo_jax.training import collect_rollouts, update
+    new_code_cell(r'''from dmpo_jax.training import collect_rollouts, steps, update
 run, state = train_lib.setup(cfg, workdir)
 sampler = run.sampler(run.sampling_config(cfg.rl.group_size, cfg.rl.temperature))
 rl_step = steps.make_rl_step(run.graphdef, run.obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,

@@ -12,7 +12,6 @@ import time
 import numpy as np
 
 from dmpo_jax import tasks
-from dmpo_jax.tasks import optima
 
 
 def main():
@@ -24,7 +23,7 @@ def main():
   args = ap.parse_args()
   print("| task | level | median | share >= 2 | share 2..16 | cut | mean time |")
   print("|---|---|---|---|---|---|---|")
-  for key in optima.supported():
+  for key in tasks.with_optima():
     task = tasks.get(key)
     for level in args.levels.split(","):
       counts, cut, secs = [], 0, []

@@ -27,8 +27,7 @@ def all_correct(monkeypatch):
     rewards, stats = pipeline.score_groups(*args, **kw)
     return rewards, dict(stats, feasible=np.ones_like(stats["feasible"]),
                          ratio=np.ones_like(stats["ratio"]))
-  monkeypatch.setattr(dph, "pipeline", types.SimpleNamespace(pad_left=pipeline.pad_left,
-                                                             score_groups=score_groups))
+  monkeypatch.setattr(dph, "pipeline", types.SimpleNamespace(score_groups=score_groups))
 
 
 def config(spec="smoke,algo=dph_js,tasks=TSP+knapsack", **over):

@@ -194,7 +194,7 @@ def test_llama3_dph_config_plans_llama_3_1_8b(tmp_path, capsys):
       rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu",
       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})))
-  from dmpo_jax import plan
+  from dmpo_jax.parallel import plan
 
   plan.main([f"--config=configs/llama3_dph.py:{tmp_path}", "--device_gib=1000"])
   out = capsys.readouterr().out

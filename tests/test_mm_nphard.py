@@ -11,6 +11,7 @@ import pytest
 from dmpo_jax import multimodal as mm
 from dmpo_jax.training import pipeline
 from dmpo_jax import tasks
+from dmpo_jax import sampling
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs"))
 import mm_nphard  # noqa: E402
@@ -163,7 +164,7 @@ def test_dph_prompt_items_rebuild_the_stored_prompts_and_refuse_others(smoke_vlm
   ts = pipeline.TaskSet(["TSP", "knapsack"], "tiny", 0, pool=pool)
   index = np.asarray([3, 0, 3, 5])  # a prompt's several responses; any order
   items = (ts.pool_items() if pool else dph.stream_items(ts, list(range(6)), 4))
-  pt, pm = pipeline.pad_left([enc.encode(*items[i]) for i in index], cfg.model.max_prompt_len, enc.pad)
+  pt, pm = sampling.pad_prompts([enc.encode(*items[i]) for i in index], cfg.model.max_prompt_len, enc.pad)
   t = cfg.model.max_new_tokens
   store = {"pef_tokens": np.concatenate([pt, np.zeros((len(index), t), pt.dtype)], 1),
            "pef_prompt_mask": pm, "pef_index": index}

@@ -73,7 +73,7 @@ def _check_against_brute_force(key, level, seeds):
   return multi
 
 
-@pytest.mark.parametrize("key", optima.supported())
+@pytest.mark.parametrize("key", tasks.with_optima())
 def test_tiny_matches_brute_force(key):
   multi = _check_against_brute_force(key, "tiny", range(6))
   if key not in ("knapsack", "TSP"):  # these rarely have two optima; the rest must show some
@@ -107,7 +107,7 @@ def test_canonical_forms_merge_exactly_the_symmetric_duplicates(key):
     assert raw == sum(_symmetry_count(key, c) for c in opt.solutions), (key, seed)
 
 
-@pytest.mark.parametrize("key", optima.supported())
+@pytest.mark.parametrize("key", tasks.with_optima())
 def test_format_solution_round_trips(key):
   task = tasks.get(key)
   for seed in range(4):
@@ -209,11 +209,11 @@ def test_bad_input_is_refused_clearly(monkeypatch):
   # An enumerator whose forms disagree with the verifier's is caught, not returned.
   task2, q2, _ = _instance_with("subset-sum", "easy", 1)
   assert any(len(c) > 1 for c in task2.optimal_solutions(q2).solutions)
-  enum, fmt = optima._ENUMERATORS["subset-sum"]
-  def bad(*a):
-    sols, complete, value, reason = enum(*a)
+  enum = type(task2).enumerate_optima
+  def bad(self, *a):
+    sols, complete, value, reason = enum(self, *a)
     return [tuple(reversed(x)) for x in sols], complete, value, reason
-  monkeypatch.setitem(optima._ENUMERATORS, "subset-sum", (bad, fmt))
+  monkeypatch.setattr(type(task2), "enumerate_optima", bad)
   task.problem(q2)._optima.clear()
   with pytest.raises(AssertionError, match="verifies as"):
     task.optimal_solutions(q2)
@@ -235,7 +235,7 @@ def test_optimal_sft_targets_survive_the_task_tokenizer():
   from dmpo_jax.training import pipeline
   from dmpo_jax.models import tokenizer as tok_lib
   enc = pipeline.PromptEncoder(tok_lib.build(), "compact", 160)
-  for key in optima.supported():
+  for key in tasks.with_optima():
     task = tasks.get(key)
     for seed in range(3):
       q = task.generate(seed, "tiny")
@@ -249,7 +249,7 @@ def test_optimal_sft_targets_survive_the_task_tokenizer():
 
 def test_a_complete_result_is_reused_for_larger_limits(monkeypatch):
   task, q, full = _instance_with("maximum-set", "easy", 2)
-  monkeypatch.setitem(optima._ENUMERATORS, "maximum-set", (None, None))  # would fail if called
+  monkeypatch.setattr(type(task), "enumerate_optima", None)  # would fail if called
   assert task.optimal_solutions(q, limit=10**4, time_limit=1.0) is full
 
 

@@ -6,7 +6,7 @@ import optax
 import pytest
 from flax import nnx
 
-from dmpo_jax import plan
+from dmpo_jax.parallel import plan
 from dmpo_jax.parallel import sharding
 from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.models.transformer import Transformer

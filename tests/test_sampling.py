@@ -124,7 +124,7 @@ def test_top_k_top_p_frequencies_match_truncated_distribution(top_k, top_p):
 def test_no_retrace_for_new_prompts_of_the_same_shape():
   model = tiny_model()
   graphdef, params = nnx.split(model)
-  traced = jax.jit(chex.assert_max_traces(sampler_lib._generate, n=1), static_argnums=(0, 5))
+  traced = jax.jit(chex.assert_max_traces(sampler_lib.generate_padded, n=1), static_argnums=(0, 5))
   cfg = sampling.SamplingConfig(max_new_tokens=4, num_samples=2)
   for seed in range(3):
     tokens, mask = sampling.pad_prompts(random_prompts(2, 2, 5, 61, seed=seed), prompt_length=5)

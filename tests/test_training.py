@@ -18,6 +18,7 @@ from dmpo_jax.models import tokenizer as tok_lib
 from dmpo_jax.objectives import presets
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.training import TrainState, collect_rollouts, state as state_lib, update
+from dmpo_jax import sampling
 
 P, G, LP, LT = 4, 2, 48, 8
 
@@ -124,8 +125,8 @@ def test_reference_item_survives_rotation_and_is_written_once(tmp_path):
   ck.close()
 
 
-def test_pad_left_and_right():
-  t, m = pipeline.pad_left([[5, 6], [7]], 4, 0)
+def test_pad_prompts_and_pad_right():
+  t, m = sampling.pad_prompts([[5, 6], [7]], 4, 0)
   np.testing.assert_array_equal(t, [[0, 0, 5, 6], [0, 0, 0, 7]])
   np.testing.assert_array_equal(m, [[0, 0, 1, 1], [0, 0, 0, 1]])
   t, m = pipeline.pad_right([[5, 6, 7, 8, 9], [7]], 3, 0)  # cut to the length
@@ -292,12 +293,3 @@ def test_log_term_grads_interval():
     with pytest.raises(ValueError, match="log_term_grads"):
       every(bad)
 
-
-def test_old_module_paths_are_the_moved_modules():
-  import importlib
-  import dmpo_jax
-  for old, new in dmpo_jax.MOVED.items():
-    assert importlib.import_module(old) is importlib.import_module(new), old
-  from dmpo_jax import pipeline as old_style  # the `from package import name` form too
-  from dmpo_jax.training import pipeline as new_style
-  assert old_style is new_style

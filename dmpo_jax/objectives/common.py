@@ -45,11 +45,6 @@ def token_entropy(logits, *, temperature: float = 1.0):
   return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
-def valid_counts(mask):
-  """|o_i|: valid tokens per sequence, [..., G, T] -> [..., G] (float32)."""
-  return jnp.sum(mask.astype(jnp.float32), axis=-1)
-
-
 def sequence_scores(token_logprobs, mask):
   """phi_i = mean log-prob over the valid tokens of o_i: [..., G, T] -> [..., G].
 

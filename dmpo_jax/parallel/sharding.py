@@ -99,11 +99,6 @@ def batch_rows(mesh: Mesh) -> int:
   return _mesh_size(mesh, BATCH)
 
 
-def shard_batch(batch, mesh: Mesh):
-  """device_put every array of a batch pytree with rows over data x fsdp."""
-  return jax.tree.map(lambda x: jax.device_put(x, batch_sharding(mesh, np.ndim(x))), batch)
-
-
 def init_opt_state(opt, params, param_sharding, mesh: Mesh):
   """Optimizer state placed like the params it mirrors (AdamW mu and nu are FSDP-sharded with
   their params); non-parameter leaves (step counts) are replicated. Returns (state, shardings).

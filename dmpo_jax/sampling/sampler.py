@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -39,10 +39,11 @@ import numpy as np
 from flax import nnx, struct
 
 from dmpo_jax.models import positions, qwen2_5_vl
+from dmpo_jax.parallel import distributed as dist
 
 
 @struct.dataclass
-class Rollout:
+class Samples:
   tokens: jax.Array  # [B, T] int32, pad after the end
   mask: jax.Array  # [B, T] int32 0/1: 1 on generated tokens up to and including EOS
   logprobs: jax.Array  # [B, T] float32, 0 where mask is 0
@@ -135,9 +136,9 @@ def _sample_token(logits, rng, cfg: SamplingConfig):
   return tok, jnp.take_along_axis(logp, tok[:, None], axis=-1)[:, 0]
 
 
-def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig,
+def generate_padded(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingConfig,
               images=None):
-  """Pure: (params, left-padded prompts [Bp, P], mask [Bp, P], rng) -> Rollout [B, T] with
+  """Pure: (params, left-padded prompts [Bp, P], mask [Bp, P], rng) -> Samples [B, T] with
   B = Bp * cfg.num_samples rows, the samples of one prompt adjacent. images: None for a
   text model; for a `Qwen2_5_VL`, `qwen2_5_vl.prompt_images`' arrays (prompt axis first)."""
   model = nnx.merge(graphdef, params)
@@ -213,12 +214,33 @@ def _generate(graphdef, params, prompt_tokens, prompt_mask, rng, cfg: SamplingCo
   is_end = jnp.any(st.tokens[..., None] == end_ids, axis=-1)
   ended_before = jnp.cumsum(is_end, axis=1) - is_end
   mask = ((ended_before == 0) & (jnp.arange(t_max)[None, :] < st.t)).astype(jnp.int32)
-  return Rollout(tokens=jnp.where(mask > 0, st.tokens, cfg.pad_id), mask=mask,
+  return Samples(tokens=jnp.where(mask > 0, st.tokens, cfg.pad_id), mask=mask,
                  logprobs=st.logprobs * mask)
 
 
 # One compiled sampler per (model structure, settings); shapes retrace inside jit.
-sample = jax.jit(_generate, static_argnums=(0, 5))
+sample = jax.jit(generate_padded, static_argnums=(0, 5))
+
+
+def make_sampler(graphdef, scfg: SamplingConfig, p_sh, data_sh, rep) -> Callable:
+  """Jitted (params, prompts [Bp, P], mask [Bp, P], key, images=None) -> (tokens, mask,
+  logprobs), each [Bp * scfg.num_samples, T] and sharded over the mesh's rows. Prompts (host
+  arrays, small), the key (raw key data) and images (a `Qwen2_5_VL`'s image prompts:
+  `qwen2_5_vl.prompt_images`' arrays for these Bp prompts, one patch budget for every
+  call so that one compilation serves them) are passed replicated."""
+  def run(params, prompt_tokens, prompt_mask, key_data, images):
+    rng = jax.random.wrap_key_data(key_data)
+    r = generate_padded(graphdef, params["model"], prompt_tokens, prompt_mask, rng, scfg, images)
+    return r.tokens, r.mask, r.logprobs
+  jitted = jax.jit(run, in_shardings=(p_sh, rep, rep, rep, rep),
+                   out_shardings=(data_sh, data_sh, data_sh))
+
+  def call(params, prompt_tokens, prompt_mask, key, images=None):
+    if images is not None:
+      images = dist.tree_to_global(images, rep)
+    return jitted(params, dist.to_global(prompt_tokens, rep), dist.to_global(prompt_mask, rep),
+                  dist.to_global(np.asarray(jax.random.key_data(key)), rep), images)
+  return call
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], prompt_length: int | None = None,
@@ -247,10 +269,10 @@ def generate(model, prompts: Sequence[Sequence[int]], *, rng, max_new_tokens: in
              top_p: float = 1.0, eos_id: int | None = None, stop_ids: Sequence[int] = (),
              greedy: bool = False, pad_id: int = 0, prompt_length: int | None = None,
              max_length: int | None = None, images: Sequence[dict | None] | None = None,
-             patch_budget: int | None = None) -> Rollout:
+             patch_budget: int | None = None) -> Samples:
   """Sample `num_samples` completions for each prompt (a list of token-id lists).
 
-  Returns a Rollout with tokens, mask and float32 log-probs, all [B, T],
+  Returns a Samples with tokens, mask and float32 log-probs, all [B, T],
   B = len(prompts) * num_samples with the samples of one prompt adjacent.
   `prompt_length` pads every call to one P (no recompilation across calls);
   `max_length` is the cache size the prompt plus new tokens must fit in

@@ -25,6 +25,11 @@ def names() -> list[str]:
   return list(_TASKS)
 
 
+def with_optima() -> list[str]:
+  """Task keys whose every optimum is enumerated (`Task.optimal_solutions`)."""
+  return [k for k, t in _TASKS.items() if t.has_optima]
+
+
 def get(key: str) -> Task:
   if key not in _TASKS:
     raise KeyError(f"unknown task {key!r}; choose from {names()}")
@@ -32,4 +37,4 @@ def get(key: str) -> Task:
 
 
 __all__ = ["CATEGORIES", "COMPAT", "IMAGE", "IMAGE_STYLES", "LEVELS", "PROMPT_STYLES", "Exact",
-           "Task", "Verdict", "get", "names", "scoring"]
+           "Task", "Verdict", "get", "names", "scoring", "with_optima"]

@@ -19,7 +19,7 @@ import random
 import time
 from typing import Any, Hashable
 
-from dmpo_jax.tasks import npbench_rules, parsing
+from dmpo_jax.tasks import npbench_rules, optima, parsing
 
 LEVELS = ("tiny", "easy", "medium", "hard", "bench")
 CATEGORIES = ("graph", "schedule", "partition", "selection", "planning")
@@ -283,24 +283,45 @@ class Task:
       raise ValueError(f"render size must be an int >= 128, got {size!r}")
     return self._render(self.problem(instance), size)
 
-  # ---- every optimum (the mode-collapse testbed; code in tasks/optima.py) ----
+  def record(self, seed: int, level: str, *, style: str = "npbench", exact: bool = False,
+             exact_time_limit: float = 10.0) -> dict:
+    """The NP-Bench data row of instance (seed, level): prompt, question, task_type,
+    ground_truth (the reference solver's value), level, seed; with exact=True also the proven
+    optimum and its status (tasks/data.py writes these; tfds_builder.py packs them)."""
+    q = self.generate(seed, level)
+    rec = {"prompt": self.prompt(q, style), "question": q, "task_type": self.key,
+           "ground_truth": self.reference_value(q), "level": level, "seed": seed}
+    if exact:
+      ex = self.exact(q, time_limit=exact_time_limit)
+      rec["optimum"], rec["optimum_status"] = ex.value, ex.status
+    return rec
+
+  # ---- every optimum (the mode-collapse testbed; the machinery is tasks/optima.py) ----
+  def enumerate_optima(self, problem, limit: int, deadline: float):
+    """(canonical forms, complete, optimal value, reason) for a parsed problem: every optimal
+    solution up to `limit` + 1 forms, searched until time.monotonic() passes `deadline`. A
+    task with enumeration overrides this and `solution_of` (see `has_optima`)."""
+    raise NotImplementedError(f"{self.key}: optimal-solution enumeration is not implemented; "
+                              "supported tasks: dmpo_jax.tasks.with_optima()")
+
+  def solution_of(self, canonical):
+    """The solution (a `format_answer` input, e.g. an SFT target) of a canonical form."""
+    raise NotImplementedError(f"{self.key}: no canonical forms (no optimum enumeration)")
+
+  @property
+  def has_optima(self) -> bool:
+    """Whether this task enumerates its optima (overrides `enumerate_optima`)."""
+    return type(self).enumerate_optima is not Task.enumerate_optima
+
   def optimal_solutions(self, instance: dict, *, limit: int = 64, time_limit: float = 10.0):
     """All optimal solutions as canonical forms (an optima.Optima: .solutions, .complete)."""
-    from dmpo_jax.tasks import optima
     return optima.optimal_solutions(self, instance, limit=limit, time_limit=time_limit)
 
   def format_solution(self, canonical) -> str:
     """Answer text (after 'Answer:') whose strict Verdict.solution is `canonical` again."""
-    from dmpo_jax.tasks import optima
     return optima.format_solution(self, canonical)
 
   def sample_optimal_solutions(self, instance: dict, n: int, *, seed: int = 0, limit: int = 64,
                                time_limit: float = 10.0) -> list:
     """n optimal solutions drawn uniformly from the enumerated set (SFT targets)."""
-    from dmpo_jax.tasks import optima
     return optima.sample_optimal(self, instance, n, seed=seed, limit=limit, time_limit=time_limit)
-
-
-def int_keys(d: dict) -> dict:
-  """JSON dicts have string keys; NP-Bench's in-memory ones may have ints."""
-  return {int(k): v for k, v in d.items()}

@@ -159,14 +159,9 @@ def write_jsonl(records: Iterable[dict], path: str) -> int:
 
 def make_record(task_key: str, seed: int, level: str, *, style: str = "npbench",
                 exact: bool = False, exact_time_limit: float = 10.0) -> dict:
-  task = _tasks.get(task_key)
-  q = task.generate(seed, level)
-  rec = {"prompt": task.prompt(q, style), "question": q, "task_type": task_key,
-         "ground_truth": task.reference_value(q), "level": level, "seed": seed}
-  if exact:
-    ex = task.exact(q, time_limit=exact_time_limit)
-    rec["optimum"], rec["optimum_status"] = ex.value, ex.status
-  return rec
+  """One NP-Bench record of `task_key` (`Task.record`)."""
+  return _tasks.get(task_key).record(seed, level, style=style, exact=exact,
+                                     exact_time_limit=exact_time_limit)
 
 
 def generate(task_keys, level: str, num: int, *, seed0: int = 0, style: str = "npbench",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import random
 import time
 
-from dmpo_jax.tasks import render
+import numpy as np
+
+from dmpo_jax.tasks import optima, render
 from dmpo_jax.tasks.base import Exact, Infeasible, Task
 from dmpo_jax.tasks.common import adjacency_text, adjacency_lists, cp_model, load_graph, solve, uniform
 
@@ -163,6 +165,12 @@ class GraphColoring(Task):
   def _render(self, p, size):
     return render.graph(size, f"Graph colouring: {p.n} vertices", p.n, p.edges)
 
+  def enumerate_optima(self, problem, limit: int, deadline: float):
+    return _colouring(self, problem, limit, deadline)
+
+  def solution_of(self, canonical):
+    return optima.as_colours(canonical)
+
 
 def _planted_independent(rng, n: int, size: int, p_out: float, p_cross: float):
   """NP-Bench's planted-set graph: a random independent set of ``size`` vertices; pairs of
@@ -282,6 +290,12 @@ class _SetInGraph(Task):
   def _load(self, q):
     return load_graph(q)
 
+  def enumerate_optima(self, problem, limit: int, deadline: float):
+    return _set_in_graph(self, problem, limit, deadline)
+
+  def solution_of(self, canonical):
+    return optima.as_set(canonical)
+
 
 class MaximumClique(_SetInGraph):
   key = "maximum_clique_problem"
@@ -350,3 +364,92 @@ class MaximumIndependentSet(_SetInGraph):
 
   def _render(self, p, size):
     return render.graph(size, f"Maximum independent set: {p.n} vertices", p.n, p.edges)
+
+
+# ---- every optimum (the machinery and canonical forms: tasks/optima.py) ----
+
+def _set_in_graph_search(task, p, limit):
+  bad = [sum(1 << v for v in range(p.n) if v != u and not task._ok(p, u, v)) for u in range(p.n)]
+
+  def ok(masks):  # no member conflicts with another member
+    keep = np.ones(len(masks), bool)
+    for u in range(p.n):
+      keep &= ((masks >> u) & 1 == 0) | (masks & bad[u] == 0)
+    return keep
+
+  best, masks = optima.best_masks(p.n, ok, optima.popcount)
+  forms, complete, reason = optima.cut_to_limit(sorted(optima.members(int(m), p.n) for m in masks), limit)
+  return forms, complete, float(best), reason
+
+
+def _colouring_search(task, p, limit):
+  """Every proper colouring labelled in order of first use (restricted growth strings) with
+  the fewest colours: depth-first, colour by colour, pruned at the best count found so far."""
+  adj = [[] for _ in range(p.n)]
+  for u, v in p.edges:
+    adj[max(u, v)].append(min(u, v))
+  best, found, x = [p.n + 1], [], [0] * p.n
+
+  def walk(v, top):  # top = colours used by 0..v-1
+    if top > best[0]:
+      return
+    if v == p.n:
+      if top < best[0]:
+        best[0], found[:] = top, []
+      found.append(tuple(x))
+      return
+    for c in range(min(top + 1, best[0])):
+      if all(x[u] != c for u in adj[v]):
+        x[v] = c
+        walk(v + 1, max(top, c + 1))
+
+  walk(0, 0)
+  forms, complete, reason = optima.cut_to_limit(sorted(found), limit)
+  return forms, complete, float(best[0]), reason
+
+
+def _set_in_graph(task, p, limit, deadline):
+  if p.n == 0:
+    return [], True, None, ""
+  if p.n <= optima.SEARCH_MAX:
+    return _set_in_graph_search(task, p, limit)
+
+  def build(model):
+    x = [model.NewBoolVar(f"x{v}") for v in range(p.n)]
+    for u in range(p.n):
+      for v in range(u + 1, p.n):
+        if not task._ok(p, u, v):
+          model.AddBoolOr([x[u].Not(), x[v].Not()])
+    return x, sum(x)
+
+  return optima.cpsat_task(build, "max", lambda model, x, k: model.Add(sum(x) == k),
+                     lambda val, x: tuple(v for v in range(p.n) if val(x[v])), limit, deadline)
+
+
+def _colouring(task, p, limit, deadline):
+  """Colours 0..k-1 in order of first use: top[v] is the largest colour among vertices
+  0..v and x[v] <= top[v-1] + 1, so each partition into colour classes appears once,
+  labelled exactly as the verifier's canonical form."""
+  if p.n == 0:
+    return [()], True, 0.0, ""
+  if p.n <= optima.SEARCH_MAX // 2:  # restricted growth strings: Bell(7) = 877 at most
+    return _colouring_search(task, p, limit)
+
+  def build(model):
+    x = [model.NewIntVar(0, p.n - 1, f"c{v}") for v in range(p.n)]
+    top = [model.NewIntVar(0, p.n - 1, f"top{v}") for v in range(p.n)]
+    model.Add(x[0] == 0)
+    model.Add(top[0] == 0)
+    for v in range(1, p.n):
+      model.Add(x[v] <= top[v - 1] + 1)
+      model.AddMaxEquality(top[v], [top[v - 1], x[v]])
+    for u, v in p.edges:
+      model.Add(x[u] != x[v])
+    return x, top[-1]
+
+  def fix(model, x, k):  # colours 0..k only: top (determined by x) is then k
+    for c in x:
+      model.Add(c <= k)
+
+  return optima.cpsat_task(build, "min", fix, lambda val, x: tuple(val(c) for c in x), limit, deadline,
+                     value_of=lambda top: float(top + 1))

@@ -23,6 +23,13 @@ determined by it, and the remaining symmetries are broken in the model (colour
 relabelling for GCP-D, cycle direction for the cycle tasks), so each
 canonical form is found once; the result is still deduplicated as a guard.
 
+Each task's enumerator is its `Task.enumerate_optima` method, in the task's own
+module (graph.py, selection.py, planning.py); this module holds what they share
+(CP-SAT plumbing, exhaustive subset search, the `Collector` of distinct forms)
+and the checked entry points (`optimal_solutions`, `sample_optimal`,
+`optima_in_range`, `instances_with_optima`). `dmpo_jax.tasks.with_optima()`
+lists the tasks that have one.
+
 ``limit`` counts distinct canonical forms; ``complete`` is False when the
 limit or the time limit cut the enumeration short or when the optimum was
 not proven. Results are memoised on the parsed problem (instances are never
@@ -32,7 +39,6 @@ mutated), so the SFT loop can draw from them every step.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import random
 import time
 
@@ -40,8 +46,6 @@ import numpy as np
 from typing import Callable, Iterator, Sequence
 
 from dmpo_jax.tasks.common import cp_model
-from dmpo_jax.tasks.planning import canonical_cycle
-from dmpo_jax.tasks.selection import _best_count_subset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +69,7 @@ class Optima:
     return len(self.solutions)
 
 
-class _Enum:
+class Collector:
   """Collects distinct canonical forms up to a limit (one more than the limit means cut)."""
 
   def __init__(self, limit: int, deadline: float):
@@ -88,7 +92,7 @@ class _Enum:
 # ---------------------------------------------------------------------------
 # CP-SAT plumbing.
 
-def _cpsat_optimum(build: Callable, sense: str, deadline: float):
+def cpsat_optimum(build: Callable, sense: str, deadline: float):
   """Solve build(model) -> (vars, objective expr) for its optimum: (value or None, proven)."""
   m = cp_model()
   model = m.CpModel()
@@ -106,7 +110,7 @@ def _cpsat_optimum(build: Callable, sense: str, deadline: float):
   return None, status == m.INFEASIBLE
 
 
-def _cpsat_enumerate(build: Callable, fix: Callable, read: Callable, acc: _Enum) -> bool:
+def cpsat_enumerate(build: Callable, fix: Callable, read: Callable, acc: Collector) -> bool:
   """Enumerate every solution of build(model) with fix(model, vars) added; True if exhaustive.
 
   read(value_fn, vars) -> canonical form. One worker, no objective: CP-SAT then
@@ -136,29 +140,20 @@ def _cpsat_enumerate(build: Callable, fix: Callable, read: Callable, acc: _Enum)
   return False
 
 
-def _cpsat_task(build, sense, fix_obj, read, limit, deadline, value_of=float):
+def cpsat_task(build, sense, fix_obj, read, limit, deadline, value_of=float):
   """Optimum, then enumeration at it: (solutions, complete, value, reason)."""
   if cp_model() is None:
     return [], False, None, "OR-Tools is not installed"
-  opt, proven = _cpsat_optimum(build, sense, deadline)
+  opt, proven = cpsat_optimum(build, sense, deadline)
   if opt is None:
     return [], proven, None, "" if proven else "no solution found in time"
-  acc = _Enum(limit, deadline)
-  exhaustive = _cpsat_enumerate(build, lambda model, v: fix_obj(model, v, opt), read, acc)
+  acc = Collector(limit, deadline)
+  exhaustive = cpsat_enumerate(build, lambda model, v: fix_obj(model, v, opt), read, acc)
   reason = acc.cut if not exhaustive else ("" if proven else "optimum not proven in time")
   return list(acc.found), exhaustive and proven, value_of(opt), reason
 
 
-def _cycle_canon(succ: dict) -> tuple:
-  """Canonical cycle (as the verifier's) from a successor map of one cycle."""
-  start = min(succ)
-  path = [start]
-  while succ[path[-1]] != start:
-    path.append(succ[path[-1]])
-  return canonical_cycle(path)
-
-
-def _orient(model, lits: dict, n: int, present=None):
+def orient(model, lits: dict, n: int, present=None):
   """Break a cycle's direction: its smallest vertex's successor < its predecessor.
 
   lits: {(u, v): arc literal}. present[v]: a literal "v is on the cycle"; None means
@@ -172,70 +167,11 @@ def _orient(model, lits: dict, n: int, present=None):
       c.OnlyEnforceIf([present[v]] + [present[u].Not() for u in range(v)])
 
 
-def _successors(val, lits) -> dict:
+def successors(val, lits) -> dict:
   return {a: b for (a, b), lit in lits.items() if val(lit)}
 
 
 # ---------------------------------------------------------------------------
-# Per-task enumerators: (task, problem, limit, deadline) -> (solutions, complete, value, reason).
-
-def _subset_sum(task, p, limit, deadline):
-  if any(v < 0 for v in p.values.values()):
-    return [], False, None, "negative numbers (the DP assumes values >= 0)"
-  best = _best_count_subset(p.values, p.target)
-  if best is None:
-    return [], True, None, ""
-  k = len(best)
-  ids = sorted(p.values)
-  vals = [p.values[i] for i in ids]
-
-  @functools.lru_cache(maxsize=None)
-  def can(i, s, c):  # some c items of ids[i:] sum to s
-    if c == 0:
-      return s == 0
-    if s < 0 or c > len(ids) - i:
-      return False
-    return can(i + 1, s - vals[i], c - 1) or can(i + 1, s, c)
-
-  acc = _Enum(limit, deadline)
-
-  def walk(i, s, c, chosen) -> bool:  # only enters branches that can still finish
-    if c == 0:
-      return acc.add(tuple(chosen))
-    if can(i + 1, s - vals[i], c - 1) and not walk(i + 1, s - vals[i], c - 1, chosen + [ids[i]]):
-      return False
-    return not can(i + 1, s, c) or walk(i + 1, s, c, chosen)
-
-  done = walk(0, p.target, k, [])
-  return list(acc.found), done, float(k), acc.cut
-
-
-def _knapsack(task, p, limit, deadline):
-  ids = sorted(p.items)
-  n, cap = len(ids), p.capacity
-  if cap < 0:
-    return [], True, None, ""
-  # best[i][c]: the largest value of items ids[i:] within capacity c.
-  best = [[0] * (cap + 1) for _ in range(n + 1)]
-  for i in range(n - 1, -1, -1):
-    w, v = p.items[ids[i]]
-    for c in range(cap + 1):
-      best[i][c] = max(best[i + 1][c], best[i + 1][c - w] + v if w <= c else 0)
-  acc = _Enum(limit, deadline)
-
-  def walk(i, c, need, chosen) -> bool:
-    if i == n:
-      return acc.add(tuple(chosen))
-    w, v = p.items[ids[i]]
-    if w <= c and best[i + 1][c - w] >= need - v:
-      if not walk(i + 1, c - w, need - v, chosen + [ids[i]]):
-        return False
-    return not best[i + 1][c] >= need or walk(i + 1, c, need, chosen)
-
-  done = walk(0, cap, best[0][cap], [])
-  return list(acc.found), done, float(best[0][cap]), acc.cut
-
-
 # ---------------------------------------------------------------------------
 # Exhaustive search for small instances: exact like CP-SAT, without its ~10 ms of set-up per
 # call, which dominated the instance filter of the collapse testbed (tiny graphs have <= 7
@@ -243,7 +179,7 @@ def _knapsack(task, p, limit, deadline):
 SEARCH_MAX = 14  # vertices (graph sets, colourings) or subsets (set cover) searched exhaustively
 
 
-def _best_masks(n: int, ok, score):
+def best_masks(n: int, ok, score):
   """Over every subset mask of n elements: (best score, masks that reach it), the masks that
   ok(masks) keeps only; ok and score take a [2^n] int64 array."""
   masks = np.arange(1 << n, dtype=np.int64)
@@ -255,220 +191,32 @@ def _best_masks(n: int, ok, score):
   return best, masks[sc == best]
 
 
-def _popcount(masks):
+def popcount(masks):
   return np.array([bin(int(m)).count("1") for m in masks], np.int64)
 
 
-def _members(mask: int, n: int) -> tuple:
+def members(mask: int, n: int) -> tuple:
   return tuple(i for i in range(n) if mask >> i & 1)
 
 
-def _cut(forms: list, limit: int):
+def cut_to_limit(forms: list, limit: int):
   """(forms, complete, reason) after applying the limit to a full list."""
   if len(forms) > limit:
     return forms[:limit], False, f"more than limit={limit} optimal solutions"
   return forms, True, ""
 
 
-def _set_in_graph_search(task, p, limit):
-  bad = [sum(1 << v for v in range(p.n) if v != u and not task._ok(p, u, v)) for u in range(p.n)]
-
-  def ok(masks):  # no member conflicts with another member
-    keep = np.ones(len(masks), bool)
-    for u in range(p.n):
-      keep &= ((masks >> u) & 1 == 0) | (masks & bad[u] == 0)
-    return keep
-
-  best, masks = _best_masks(p.n, ok, _popcount)
-  forms, complete, reason = _cut(sorted(_members(int(m), p.n) for m in masks), limit)
-  return forms, complete, float(best), reason
-
-
-def _colouring_search(task, p, limit):
-  """Every proper colouring labelled in order of first use (restricted growth strings) with
-  the fewest colours: depth-first, colour by colour, pruned at the best count found so far."""
-  adj = [[] for _ in range(p.n)]
-  for u, v in p.edges:
-    adj[max(u, v)].append(min(u, v))
-  best, found, x = [p.n + 1], [], [0] * p.n
-
-  def walk(v, top):  # top = colours used by 0..v-1
-    if top > best[0]:
-      return
-    if v == p.n:
-      if top < best[0]:
-        best[0], found[:] = top, []
-      found.append(tuple(x))
-      return
-    for c in range(min(top + 1, best[0])):
-      if all(x[u] != c for u in adj[v]):
-        x[v] = c
-        walk(v + 1, max(top, c + 1))
-
-  walk(0, 0)
-  forms, complete, reason = _cut(sorted(found), limit)
-  return forms, complete, float(best[0]), reason
-
-
-def _set_cover_search(task, p, limit):
-  ids = sorted(p.sets)
-  cover = [sum(1 << i for i, e in enumerate(sorted(p.universe)) if e in p.sets[s]) for s in ids]
-  full = (1 << len(p.universe)) - 1
-
-  def ok(masks):
-    got = np.zeros(len(masks), np.int64)
-    for j, c in enumerate(cover):
-      got |= np.where((masks >> j) & 1 == 1, c, 0)
-    return got == full
-
-  best, masks = _best_masks(len(ids), ok, lambda m: -_popcount(m))
-  forms, complete, reason = _cut(sorted(tuple(ids[j] for j in _members(int(m), len(ids)))
-                                        for m in masks), limit)
-  return forms, complete, float(-best), reason
-
-
-def _set_cover(task, p, limit, deadline):
-  if not p.coverable:
-    return [("Impossible",)], True, 0.0, ""
-  ids = sorted(p.sets)
-  if len(ids) <= SEARCH_MAX:
-    return _set_cover_search(task, p, limit)
-
-  def build(model):
-    x = {i: model.NewBoolVar(f"s{i}") for i in ids}
-    for e in p.universe:
-      model.AddBoolOr([x[i] for i in ids if e in p.sets[i]])
-    return x, sum(x.values())
-
-  return _cpsat_task(build, "min", lambda model, x, k: model.Add(sum(x.values()) == k),
-                     lambda val, x: tuple(i for i in ids if val(x[i])), limit, deadline)
-
-
-def _set_in_graph(task, p, limit, deadline):
-  if p.n == 0:
-    return [], True, None, ""
-  if p.n <= SEARCH_MAX:
-    return _set_in_graph_search(task, p, limit)
-
-  def build(model):
-    x = [model.NewBoolVar(f"x{v}") for v in range(p.n)]
-    for u in range(p.n):
-      for v in range(u + 1, p.n):
-        if not task._ok(p, u, v):
-          model.AddBoolOr([x[u].Not(), x[v].Not()])
-    return x, sum(x)
-
-  return _cpsat_task(build, "max", lambda model, x, k: model.Add(sum(x) == k),
-                     lambda val, x: tuple(v for v in range(p.n) if val(x[v])), limit, deadline)
-
-
-def _colouring(task, p, limit, deadline):
-  """Colours 0..k-1 in order of first use: top[v] is the largest colour among vertices
-  0..v and x[v] <= top[v-1] + 1, so each partition into colour classes appears once,
-  labelled exactly as the verifier's canonical form."""
-  if p.n == 0:
-    return [()], True, 0.0, ""
-  if p.n <= SEARCH_MAX // 2:  # restricted growth strings: Bell(7) = 877 at most
-    return _colouring_search(task, p, limit)
-
-  def build(model):
-    x = [model.NewIntVar(0, p.n - 1, f"c{v}") for v in range(p.n)]
-    top = [model.NewIntVar(0, p.n - 1, f"top{v}") for v in range(p.n)]
-    model.Add(x[0] == 0)
-    model.Add(top[0] == 0)
-    for v in range(1, p.n):
-      model.Add(x[v] <= top[v - 1] + 1)
-      model.AddMaxEquality(top[v], [top[v - 1], x[v]])
-    for u, v in p.edges:
-      model.Add(x[u] != x[v])
-    return x, top[-1]
-
-  def fix(model, x, k):  # colours 0..k only: top (determined by x) is then k
-    for c in x:
-      model.Add(c <= k)
-
-  return _cpsat_task(build, "min", fix, lambda val, x: tuple(val(c) for c in x), limit, deadline,
-                     value_of=lambda top: float(top + 1))
-
-
-def _tsp(task, p, limit, deadline):
-  if p.n < 3:
-    return [tuple(range(p.n))], True, float(sum(p.d[i][(i + 1) % p.n] for i in range(p.n))), ""
-  if any(d != int(d) for row in p.d for d in row):
-    return [], False, None, "non-integral distances (CP-SAT needs integers)"
-
-  def build(model):
-    lits = {(i, j): model.NewBoolVar(f"a{i}_{j}") for i in range(p.n) for j in range(p.n) if i != j}
-    model.AddCircuit([(i, j, lit) for (i, j), lit in lits.items()])
-    _orient(model, lits, p.n)
-    return lits, sum(int(p.d[i][j]) * lit for (i, j), lit in lits.items())
-
-  def fix(model, lits, length):
-    model.Add(sum(int(p.d[i][j]) * lit for (i, j), lit in lits.items()) == length)
-
-  return _cpsat_task(build, "min", fix, lambda val, lits: _cycle_canon(_successors(val, lits)),
-                     limit, deadline)
-
-
-def _longest_cycle(task, p, limit, deadline):
-  """Arcs of both directions plus a skip loop per vertex (AddCircuit), one cycle of
-  >= 3 vertices, oriented at its smallest vertex; value = cycle vertices + 1 (path length)."""
-  if not any(p.adj):
-    return [], True, None, ""
-
-  def build(model):
-    skip = [model.NewBoolVar(f"skip{v}") for v in range(p.n)]
-    lits = {(v, u): model.NewBoolVar(f"a{v}_{u}") for v in range(p.n) for u in sorted(p.adj[v])}
-    model.AddCircuit([(v, v, skip[v]) for v in range(p.n)]
-                     + [(v, u, lit) for (v, u), lit in lits.items()])
-    model.Add(sum(skip) <= p.n - 3)
-    _orient(model, lits, p.n, present=[s.Not() for s in skip])
-    return (skip, lits), sum(s.Not() for s in skip)
-
-  def fix(model, v, length):
-    model.Add(sum(v[0]) == p.n - length)
-
-  sols, complete, value, reason = _cpsat_task(
-      build, "max", fix, lambda val, v: _cycle_canon(_successors(val, v[1])), limit, deadline)
-  return sols, complete, None if value is None else value + 1, reason
-
-
 # ---------------------------------------------------------------------------
-def _as_set(canon):
+def as_set(canon):
   return "Impossible" if canon == ("Impossible",) else list(canon)
 
 
-def _as_cycle(canon):
+def as_cycle(canon):
   return list(canon) + list(canon[:1])
 
 
-def _as_colours(canon):
+def as_colours(canon):
   return [c + 1 for c in canon]
-
-
-# task key -> (enumerator, canonical form -> solution for Task.format_answer)
-_ENUMERATORS = {
-    "subset-sum": (_subset_sum, _as_set),
-    "knapsack": (_knapsack, _as_set),
-    "set-cover": (_set_cover, _as_set),
-    "maximum-set": (_set_in_graph, _as_set),
-    "maximum_clique_problem": (_set_in_graph, _as_set),
-    "GCP-D": (_colouring, _as_colours),
-    "TSP": (_tsp, _as_cycle),
-    "hamiltonian-cycle": (_longest_cycle, _as_cycle),
-}
-
-
-def supported() -> list[str]:
-  """Task keys with optimal-solution enumeration."""
-  return list(_ENUMERATORS)
-
-
-def _entry(task):
-  if task.key not in _ENUMERATORS:
-    raise NotImplementedError(f"{task.key}: optimal-solution enumeration is not implemented; "
-                              f"supported tasks: {supported()}")
-  return _ENUMERATORS[task.key]
 
 
 def answer_solution(task, canonical):
@@ -476,7 +224,7 @@ def answer_solution(task, canonical):
   if not isinstance(canonical, tuple):
     raise TypeError(f"{task.key}: a canonical solution is a tuple (a Verdict.solution), "
                     f"got {type(canonical).__name__} {canonical!r}")
-  return _entry(task)[1](canonical)
+  return task.solution_of(canonical)
 
 
 def format_solution(task, canonical) -> str:
@@ -494,7 +242,8 @@ def optimal_solutions(task, instance: dict, *, limit: int = 64, time_limit: floa
     raise ValueError(f"optimal_solutions: limit must be an int >= 1, got {limit!r}")
   if not time_limit > 0:
     raise ValueError(f"optimal_solutions: time_limit must be > 0 seconds, got {time_limit!r}")
-  enumerate_fn, _ = _entry(task)
+  if not task.has_optima:
+    task.enumerate_optima(None, limit, 0.0)  # raises NotImplementedError, naming the task
   problem = task.problem(instance)
   memo = problem.__dict__.setdefault("_optima", {})
   if (limit, time_limit) in memo:
@@ -503,7 +252,7 @@ def optimal_solutions(task, instance: dict, *, limit: int = 64, time_limit: floa
     if hit.complete and len(hit.solutions) <= limit:
       return hit
   t0 = time.monotonic()
-  sols, complete, value, reason = enumerate_fn(task, problem, limit, t0 + time_limit)
+  sols, complete, value, reason = task.enumerate_optima(problem, limit, t0 + time_limit)
   sols = sorted(set(sols))
   if len(sols) > limit:
     sols, complete = sols[:limit], False

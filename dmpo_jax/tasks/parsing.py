@@ -47,7 +47,7 @@ _INT = re.compile(r"\s*([+-]?[0-9]{1,18})\s*")
 _ARROW_ITEM = re.compile(r"^\s*['\"]?([+-]?[0-9]{1,18})['\"]?\s*$")
 
 
-def _clean(answer: str) -> str:
+def clean(answer: str) -> str:
   return answer[:MAX_ANSWER_CHARS].translate(_DECOR).strip()
 
 
@@ -131,7 +131,7 @@ def parse_list(answer: str):
   """
   if not isinstance(answer, str):
     raise ParseError("answer is not text")
-  s = _clean(answer)
+  s = clean(answer)
   if not s:
     raise ParseError("empty answer")
   # Arrow form: 0 -> 3 -> 1 -> 0 (optionally inside one pair of brackets).

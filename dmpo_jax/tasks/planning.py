@@ -6,7 +6,7 @@ import math
 import random
 import time
 
-from dmpo_jax.tasks import render
+from dmpo_jax.tasks import optima, render
 from dmpo_jax.tasks.base import Exact, Infeasible, Task
 from dmpo_jax.tasks.common import adjacency_text, Problem, adjacency_lists, cp_model, load_graph, solve, uniform
 
@@ -164,6 +164,12 @@ class TSP(Task):
   def _render(self, p, size):
     return render.matrix(size, f"TSP: distances between {p.n} cities", p.d)
 
+  def enumerate_optima(self, problem, limit: int, deadline: float):
+    return _tsp(self, problem, limit, deadline)
+
+  def solution_of(self, canonical):
+    return optima.as_cycle(canonical)
+
 
 class LongestCycle(Task):
   key = "hamiltonian-cycle"
@@ -288,3 +294,62 @@ class LongestCycle(Task):
 
   def _render(self, p, size):
     return render.graph(size, f"Longest cycle: {p.n} vertices", p.n, p.edges)
+
+  def enumerate_optima(self, problem, limit: int, deadline: float):
+    return _longest_cycle(self, problem, limit, deadline)
+
+  def solution_of(self, canonical):
+    return optima.as_cycle(canonical)
+
+
+# ---- every optimum (the machinery and canonical forms: tasks/optima.py) ----
+
+def cycle_from_successors(succ: dict) -> tuple:
+  """Canonical cycle (as the verifier's) from a successor map of one cycle."""
+  start = min(succ)
+  path = [start]
+  while succ[path[-1]] != start:
+    path.append(succ[path[-1]])
+  return canonical_cycle(path)
+
+
+def _tsp(task, p, limit, deadline):
+  if p.n < 3:
+    return [tuple(range(p.n))], True, float(sum(p.d[i][(i + 1) % p.n] for i in range(p.n))), ""
+  if any(d != int(d) for row in p.d for d in row):
+    return [], False, None, "non-integral distances (CP-SAT needs integers)"
+
+  def build(model):
+    lits = {(i, j): model.NewBoolVar(f"a{i}_{j}") for i in range(p.n) for j in range(p.n) if i != j}
+    model.AddCircuit([(i, j, lit) for (i, j), lit in lits.items()])
+    optima.orient(model, lits, p.n)
+    return lits, sum(int(p.d[i][j]) * lit for (i, j), lit in lits.items())
+
+  def fix(model, lits, length):
+    model.Add(sum(int(p.d[i][j]) * lit for (i, j), lit in lits.items()) == length)
+
+  return optima.cpsat_task(build, "min", fix, lambda val, lits: cycle_from_successors(optima.successors(val, lits)),
+                     limit, deadline)
+
+
+def _longest_cycle(task, p, limit, deadline):
+  """Arcs of both directions plus a skip loop per vertex (AddCircuit), one cycle of
+  >= 3 vertices, oriented at its smallest vertex; value = cycle vertices + 1 (path length)."""
+  if not any(p.adj):
+    return [], True, None, ""
+
+  def build(model):
+    skip = [model.NewBoolVar(f"skip{v}") for v in range(p.n)]
+    lits = {(v, u): model.NewBoolVar(f"a{v}_{u}") for v in range(p.n) for u in sorted(p.adj[v])}
+    model.AddCircuit([(v, v, skip[v]) for v in range(p.n)]
+                     + [(v, u, lit) for (v, u), lit in lits.items()])
+    model.Add(sum(skip) <= p.n - 3)
+    optima.orient(model, lits, p.n, present=[s.Not() for s in skip])
+    return (skip, lits), sum(s.Not() for s in skip)
+
+  def fix(model, v, length):
+    model.Add(sum(v[0]) == p.n - length)
+
+  sols, complete, value, reason = optima.cpsat_task(
+      build, "max", fix, lambda val, v: cycle_from_successors(optima.successors(val, v[1])), limit, deadline)
+  return sols, complete, None if value is None else value + 1, reason

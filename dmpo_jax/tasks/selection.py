@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
 
 import numpy as np
 
-from dmpo_jax.tasks import parsing, render
+from dmpo_jax.tasks import optima, parsing, render
 from dmpo_jax.tasks.base import Exact, Infeasible, Task
 from dmpo_jax.tasks.common import Problem, cp_model, solve, uniform
 
@@ -77,7 +78,7 @@ class SetCover(Task):
     return Problem(universe=universe, sets=sets, coverable=coverable)
 
   def _parse(self, answer):
-    s = parsing._clean(answer)
+    s = parsing.clean(answer)
     if s.split(None, 1) and s.split(None, 1)[0].strip(".,;:'\"[]").lower() == "impossible":
       return "Impossible"
     return parsing.parse_int_list(answer)
@@ -175,6 +176,12 @@ class SetCover(Task):
   def _render(self, p, size):
     rows = [(i, ", ".join(map(str, sorted(s)))) for i, s in sorted(p.sets.items())]
     return render.table(size, f"Set cover: U = 0..{len(p.universe) - 1}", ("subset", "elements"), rows)
+
+  def enumerate_optima(self, problem, limit: int, deadline: float):
+    return _set_cover(self, problem, limit, deadline)
+
+  def solution_of(self, canonical):
+    return optima.as_set(canonical)
 
 
 # ---------------------------------------------------------------------------
@@ -301,6 +308,12 @@ class SubsetSum(Task):
   def _render(self, p, size):
     rows = [(i, v) for i, v in sorted(p.values.items())]
     return render.table(size, f"Subset sum: target {p.target}", ("index", "value"), rows)
+
+  def enumerate_optima(self, problem, limit: int, deadline: float):
+    return _subset_sum(self, problem, limit, deadline)
+
+  def solution_of(self, canonical):
+    return optima.as_set(canonical)
 
 
 # ---------------------------------------------------------------------------
@@ -447,3 +460,102 @@ class Knapsack(Task):
   def _render(self, p, size):
     rows = [(i, w, v) for i, (w, v) in sorted(p.items.items())]
     return render.table(size, f"Knapsack: capacity {p.capacity}", ("item", "weight", "value"), rows)
+
+  def enumerate_optima(self, problem, limit: int, deadline: float):
+    return _knapsack(self, problem, limit, deadline)
+
+  def solution_of(self, canonical):
+    return optima.as_set(canonical)
+
+
+# ---- every optimum (the machinery and canonical forms: tasks/optima.py) ----
+
+def _subset_sum(task, p, limit, deadline):
+  if any(v < 0 for v in p.values.values()):
+    return [], False, None, "negative numbers (the DP assumes values >= 0)"
+  best = _best_count_subset(p.values, p.target)
+  if best is None:
+    return [], True, None, ""
+  k = len(best)
+  ids = sorted(p.values)
+  vals = [p.values[i] for i in ids]
+
+  @functools.lru_cache(maxsize=None)
+  def can(i, s, c):  # some c items of ids[i:] sum to s
+    if c == 0:
+      return s == 0
+    if s < 0 or c > len(ids) - i:
+      return False
+    return can(i + 1, s - vals[i], c - 1) or can(i + 1, s, c)
+
+  acc = optima.Collector(limit, deadline)
+
+  def walk(i, s, c, chosen) -> bool:  # only enters branches that can still finish
+    if c == 0:
+      return acc.add(tuple(chosen))
+    if can(i + 1, s - vals[i], c - 1) and not walk(i + 1, s - vals[i], c - 1, chosen + [ids[i]]):
+      return False
+    return not can(i + 1, s, c) or walk(i + 1, s, c, chosen)
+
+  done = walk(0, p.target, k, [])
+  return list(acc.found), done, float(k), acc.cut
+
+
+def _knapsack(task, p, limit, deadline):
+  ids = sorted(p.items)
+  n, cap = len(ids), p.capacity
+  if cap < 0:
+    return [], True, None, ""
+  # best[i][c]: the largest value of items ids[i:] within capacity c.
+  best = [[0] * (cap + 1) for _ in range(n + 1)]
+  for i in range(n - 1, -1, -1):
+    w, v = p.items[ids[i]]
+    for c in range(cap + 1):
+      best[i][c] = max(best[i + 1][c], best[i + 1][c - w] + v if w <= c else 0)
+  acc = optima.Collector(limit, deadline)
+
+  def walk(i, c, need, chosen) -> bool:
+    if i == n:
+      return acc.add(tuple(chosen))
+    w, v = p.items[ids[i]]
+    if w <= c and best[i + 1][c - w] >= need - v:
+      if not walk(i + 1, c - w, need - v, chosen + [ids[i]]):
+        return False
+    return not best[i + 1][c] >= need or walk(i + 1, c, need, chosen)
+
+  done = walk(0, cap, best[0][cap], [])
+  return list(acc.found), done, float(best[0][cap]), acc.cut
+
+
+def _set_cover_search(task, p, limit):
+  ids = sorted(p.sets)
+  cover = [sum(1 << i for i, e in enumerate(sorted(p.universe)) if e in p.sets[s]) for s in ids]
+  full = (1 << len(p.universe)) - 1
+
+  def ok(masks):
+    got = np.zeros(len(masks), np.int64)
+    for j, c in enumerate(cover):
+      got |= np.where((masks >> j) & 1 == 1, c, 0)
+    return got == full
+
+  best, masks = optima.best_masks(len(ids), ok, lambda m: -optima.popcount(m))
+  forms, complete, reason = optima.cut_to_limit(sorted(tuple(ids[j] for j in optima.members(int(m), len(ids)))
+                                        for m in masks), limit)
+  return forms, complete, float(-best), reason
+
+
+def _set_cover(task, p, limit, deadline):
+  if not p.coverable:
+    return [("Impossible",)], True, 0.0, ""
+  ids = sorted(p.sets)
+  if len(ids) <= optima.SEARCH_MAX:
+    return _set_cover_search(task, p, limit)
+
+  def build(model):
+    x = {i: model.NewBoolVar(f"s{i}") for i in ids}
+    for e in p.universe:
+      model.AddBoolOr([x[i] for i in ids if e in p.sets[i]])
+    return x, sum(x.values())
+
+  return optima.cpsat_task(build, "min", lambda model, x, k: model.Add(sum(x.values()) == k),
+                     lambda val, x: tuple(i for i in ids if val(x[i])), limit, deadline)

@@ -19,7 +19,6 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from dmpo_jax import tasks as _tasks
-from dmpo_jax.tasks.data import make_record
 
 TEST_SEED0 = 1_000_000
 
@@ -70,7 +69,7 @@ class NpBench(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(self, seed0: int, num: int):
     cfg = self.builder_config
     for i in range(num):
-      r = make_record(cfg.task_key, seed0 + i, cfg.level, style=self._style)
+      r = _tasks.get(cfg.task_key).record(seed0 + i, cfg.level, style=self._style)
       yield seed0 + i, {"prompt": r["prompt"], "question": json.dumps(r["question"]),
                         "task_type": r["task_type"], "level": r["level"], "seed": r["seed"],
                         "ground_truth": float(r["ground_truth"])}

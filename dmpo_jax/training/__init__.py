@@ -4,7 +4,7 @@
     rollouts = collect_rollouts(sampler, state.params, items, encoder, key=state.rl_key(), ...)
     state, metrics = update(state, rollouts.batch(data_sh), rl_step)   # update.py
 
-rollout.py  the jitted sampler, `collect_rollouts` (sampling overlapped with
+rollout.py  `collect_rollouts` (sampling overlapped with
             host scoring, reward shaping) and its typed result `Rollouts`
 update.py   optimizers, micro-batching, `update` (one step of a jitted
             `steps.make_rl_step` / `make_sft_step`)
@@ -13,8 +13,8 @@ dph.py      DPH-RL pre-sampling, its store, and the step's instances
 `dmpo_jax.train` runs these as stages; docs/ARCHITECTURE.md follows one step.
 """
 
-from dmpo_jax.training.rollout import Rollouts, collect_rollouts, make_sampler
+from dmpo_jax.training.rollout import Rollouts, collect_rollouts
 from dmpo_jax.training.state import TrainState
 from dmpo_jax.training.update import make_optimizer, update
 
-__all__ = ["Rollouts", "TrainState", "collect_rollouts", "make_optimizer", "make_sampler", "update"]
+__all__ = ["Rollouts", "TrainState", "collect_rollouts", "make_optimizer", "update"]

@@ -29,6 +29,7 @@ import numpy as np
 
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training import pipeline
+from dmpo_jax import sampling
 
 STORE = "dph_store.npz"
 STORE_VERSION = 2  # 2: D_pef drawn from the RL stream (flat stream indices); 1: a separate pool
@@ -70,7 +71,7 @@ def presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, sta
     part = items[c0:c0 + chunk]
     real = len(part)
     part = part + [part[-1]] * (chunk - real)
-    pt, pm = pipeline.pad_left([encoder.encode(kk, q) for kk, q in part], prompt_len, encoder.pad)
+    pt, pm = sampling.pad_prompts([encoder.encode(kk, q) for kk, q in part], prompt_len, encoder.pad)
     vis = None if images is None else images(part, pt, pm)  # [chunk, ...]: one per prompt
     tokens, mask, _ = sampler(params, pt, pm, state.dph_key(c0),
                               **({} if vis is None else {"images": vis}))
@@ -163,7 +164,7 @@ def prompt_items(store, taskset, encoder, per_step: int) -> list:
   for r, i in enumerate(index):
     first.setdefault(i, r)
   rows = list(first.values())
-  pt, pm = pipeline.pad_left([encoder.encode(*items[r]) for r in rows], prompt_len, encoder.pad)
+  pt, pm = sampling.pad_prompts([encoder.encode(*items[r]) for r in rows], prompt_len, encoder.pad)
   bad = np.flatnonzero((pt != store["pef_tokens"][rows, :prompt_len]).any(1) |
                        (pm != store["pef_prompt_mask"][rows]).any(1))
   if bad.size:

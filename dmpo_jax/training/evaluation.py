@@ -15,7 +15,8 @@ import numpy as np
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training import pipeline
 from dmpo_jax import tasks as tasks_lib
-from dmpo_jax.tasks import diversity, optima, scoring
+from dmpo_jax.tasks import diversity, scoring
+from dmpo_jax import sampling
 
 SUCCESS = ("feasible", "positive_ratio")
 TABLE_METRICS = ("SR@3", "QR@3", "SR_mean", "QR_mean", "distinct", "length")
@@ -47,7 +48,7 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
     real = len(chunk)
     padded = chunk + [chunk[-1]] * (batch_prompts - real)  # fixed shapes: no recompilation
     ids = [encoder.encode(key, q) for key, q in padded]
-    pt, pm = pipeline.pad_left(ids, prompt_len, encoder.pad)
+    pt, pm = sampling.pad_prompts(ids, prompt_len, encoder.pad)
     extra = () if images is None else (images(padded, pt, pm),)
     tokens, mask = sample_fn(pt, pm, jax.random.fold_in(rng, c0), *extra)
     tokens, mask = dist.to_host(tokens), dist.to_host(mask)
@@ -82,7 +83,7 @@ def collapse_scores(stats: dict, i: int, key: str, pass_ks) -> dict:
   (`diversity.max_at_k`), k in pass_ks."""
   out = {k: float(stats[k][i]) for k in pipeline.COLLAPSE_STATS}
   ks = tuple(k for k in pass_ks if k <= stats["feasible"].shape[1])
-  supported = key in optima.supported()
+  supported = tasks_lib.get(key).has_optima
   opt = diversity.pass_at_k_curve(stats["optimal"][i][None], ks) if supported else [np.nan] * len(ks)
   feas = diversity.pass_at_k_curve(stats["feasible"][i][None], ks)
   for k, o, f in zip(ks, opt, feas):

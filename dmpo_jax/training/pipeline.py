@@ -48,13 +48,13 @@ class Collapse:
 
   def optima(self, key: str, q: dict):
     """The instance's Optima, or None for a task without enumeration."""
-    if key not in optima.supported():
+    if not tasks_lib.get(key).has_optima:
       return None
     return tasks_lib.get(key).optimal_solutions(q, limit=self.limit, time_limit=self.time_limit)
 
   def accepts(self, key: str, q: dict) -> bool:
     """Whether the filter keeps the instance (tasks without enumeration: always)."""
-    if key not in optima.supported():
+    if not tasks_lib.get(key).has_optima:
       return True
     return optima.optima_in_range(tasks_lib.get(key), q, self.min_optima, self.max_optima,
                                   limit=self.limit, time_limit=self.time_limit) is not None
@@ -207,15 +207,6 @@ class PromptEncoder:
       ids = [int(t) for t, v in zip(row, m) if v and t != self.eos]
       out.append(prefix + self.tok.decode(ids, skip_special_tokens=True))
     return out
-
-
-def pad_left(rows: list[list[int]], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
-  tokens = np.full((len(rows), length), pad, np.int32)
-  mask = np.zeros((len(rows), length), np.int32)
-  for i, r in enumerate(rows):
-    tokens[i, length - len(r):] = r
-    mask[i, length - len(r):] = 1
-  return tokens, mask
 
 
 def pad_right(rows: list[list[int]], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:

@@ -21,29 +21,7 @@ from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training import pipeline, steps
 from dmpo_jax.objectives import shaping
 from dmpo_jax.sampling import sampler as sampler_lib
-
-
-def make_sampler(graphdef, scfg: sampler_lib.SamplingConfig, p_sh, data_sh, rep) -> Callable:
-  """Jitted (params, prompts [Bp, P], mask [Bp, P], key, images=None) -> (tokens, mask,
-  logprobs), each [Bp * scfg.num_samples, T] and sharded over the mesh's rows. Prompts (host
-  arrays, small), the key (raw key data) and images (a `Qwen2_5_VL`'s image prompts:
-  `qwen2_5_vl.prompt_images`' arrays for these Bp prompts, one patch budget for every
-  call so that one compilation serves them) are passed replicated."""
-  def run(params, prompt_tokens, prompt_mask, key_data, images):
-    steps.TRACES["sampler"] += 1
-    rng = jax.random.wrap_key_data(key_data)
-    r = sampler_lib._generate(graphdef, params["model"], prompt_tokens, prompt_mask, rng, scfg,
-                              images)
-    return r.tokens, r.mask, r.logprobs
-  jitted = jax.jit(run, in_shardings=(p_sh, rep, rep, rep, rep),
-                   out_shardings=(data_sh, data_sh, data_sh))
-
-  def call(params, prompt_tokens, prompt_mask, key, images=None):
-    if images is not None:
-      images = dist.tree_to_global(images, rep)
-    return jitted(params, dist.to_global(prompt_tokens, rep), dist.to_global(prompt_mask, rep),
-                  dist.to_global(np.asarray(jax.random.key_data(key)), rep), images)
-  return call
+from dmpo_jax import sampling
 
 
 @dataclasses.dataclass
@@ -98,13 +76,13 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
   prompts' `qwen2_5_vl.prompt_images` arrays (host, one fixed patch budget); they go to the
   sampler, to ref_fn's seqs and to the update's batch (seqs["images"]).
 
-  sampler: `make_sampler`'s; ref_fn(seqs) -> reference log-probs [B, T] (None when the
+  sampler: `sampling.make_sampler`'s; ref_fn(seqs) -> reference log-probs [B, T] (None when the
   objective reads no reference); objective: the ObjectiveConfig (its shaping fields);
   collapse: also score each group's optima (`pipeline.collapse_stats`).
   """
   t0 = time.time()
   P, G = len(items), group_size
-  prompt_tokens, prompt_mask = pipeline.pad_left([encoder.encode(k, q) for k, q in items],
+  prompt_tokens, prompt_mask = sampling.pad_prompts([encoder.encode(k, q) for k, q in items],
                                                  prompt_len, encoder.pad)  # [P, prompt_len]
   vis = None if images is None else images(prompt_tokens, prompt_mask)
   tokens, mask, old_lp, ref_lp, rewards, stats, host_s = _sample_and_score(

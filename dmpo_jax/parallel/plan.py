@@ -1,8 +1,8 @@
 r"""Memory planner: bytes per device for params, optimizer state, gradients, activations, KV cache.
 
-    python -m dmpo_jax.plan --model=qwen2.5-7b --mesh=data=1,fsdp=8,tensor=1 --device_gib=141
-    python -m dmpo_jax.plan --config=configs/nphard_qwen.py:/models/Qwen2.5-1.5B-Instruct
-    python -m dmpo_jax.plan --model=qwen2.5-vl-7b --remat --micro_batches=4 --patch_budget=1024
+    python -m dmpo_jax.parallel.plan --model=qwen2.5-7b --mesh=data=1,fsdp=8,tensor=1 --device_gib=141
+    python -m dmpo_jax.parallel.plan --config=configs/nphard_qwen.py:/models/Qwen2.5-1.5B-Instruct
+    python -m dmpo_jax.parallel.plan --model=qwen2.5-vl-7b --remat --micro_batches=4 --patch_budget=1024
 
 Parameters and optimizer state are exact: the model is built abstractly
 (`nnx.eval_shape`, no weights) and every parameter is divided over the mesh
