@@ -195,7 +195,7 @@ def main(argv):
   encoder = FilePromptEncoder(tok, style, plen, chat, prompts)
   scfg = sampler_lib.SamplingConfig(max_new_tokens=FLAGS.max_new_tokens or d.get("max_new_tokens", 1024),
                                     num_samples=samples, temperature=FLAGS.temperature, eos_id=tok.eos_token_id,
-                                    pad_id=encoder.pad)
+                                    pad_id=encoder.pad, stop_ids=encoder.stop_ids)
   sample = jax.jit(lambda p, pt, pm, rng: sampler_lib._generate(graphdef, p, pt, pm, rng, scfg))
   def sample_fn(pt, pm, rng):
     r = sample(params, pt, pm, rng)

@@ -3,11 +3,13 @@
 `load(path)` reads config.json (Qwen2, Qwen3 dense, Llama 2 / 3.x families), `*.safetensors`
 (one file, or shards listed in model.safetensors.index.json) and the
 tokenizer (through transformers.AutoTokenizer) from a local folder; nothing
-is fetched from a hub. `save(model, tokenizer, path)` writes a folder that
+is fetched from a hub. A llama.cpp GGUF file (or a folder holding one) goes to
+`models.gguf`, which reads it without torch. `save(model, tokenizer, path)` writes a folder that
 transformers opens with `AutoModelForCausalLM.from_pretrained(path)`.
 
-Every mismatch (missing file, unsupported architecture, missing or
-unexpected tensor, wrong shape) is one clear error naming the file or tensor.
+Every mismatch (missing or unreadable file, unsupported architecture, missing or
+unexpected tensor, wrong shape) is one `CheckpointError` naming the file or tensor;
+shapes are given in the file's layout.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dmpo_jax.models.config import ModelConfig, as_dtype
+from dmpo_jax.models import gguf
+from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.models.transformer import Transformer
+from dmpo_jax.models.weights import (CheckpointError, load_into, read_json, read_tensor,
+                                     safetensor_files)
 
 SUPPORTED = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
              "qwen3": "Qwen3ForCausalLM"}
@@ -33,11 +38,7 @@ _REFUSED = {"qwen3_moe": "Qwen3 mixture-of-experts", "qwen2_moe": "Qwen2 mixture
             "mistral": "Mistral (sliding-window attention)", "mixtral": "Mixtral (mixture-of-experts)"}
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # HF buffers that carry no learned weights.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class CheckpointError(ValueError):
-  """A checkpoint folder does not match what the model needs."""
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
@@ -148,7 +149,7 @@ def config_to_hf(cfg: ModelConfig, tokenizer=None) -> dict[str, Any]:
   return hf
 
 
-def _name_map(cfg: ModelConfig) -> dict[tuple, tuple[str, bool]]:
+def name_map(cfg: ModelConfig) -> dict[tuple, tuple[str, bool]]:
   """Our parameter path -> (HF tensor name, transposed?). torch Linear is [out, in]."""
   m: dict[tuple, tuple[str, bool]] = {("embed",): ("model.embed_tokens.weight", False),
                                       ("final_norm", "scale"): ("model.norm.weight", False)}
@@ -171,92 +172,65 @@ def _name_map(cfg: ModelConfig) -> dict[tuple, tuple[str, bool]]:
   return m
 
 
-def _safetensor_files(path: str) -> dict[str, str]:
-  """Tensor name -> file, from the index if sharded, else from the single file(s)."""
-  from safetensors import safe_open
-
-  index = os.path.join(path, "model.safetensors.index.json")
-  if os.path.exists(index):
-    with open(index) as f:
-      weight_map = json.load(f).get("weight_map")
-    if not isinstance(weight_map, dict):
-      raise CheckpointError(f"{index} has no 'weight_map'")
-    out = {}
-    for name, fname in weight_map.items():
-      full = os.path.join(path, fname)
-      if not os.path.exists(full):
-        raise CheckpointError(f"shard {full} (listed in {index} for {name}) is missing")
-      out[name] = full
-    return out
-  files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-  if not files:
-    raise CheckpointError(f"no *.safetensors file in {path}")
-  out = {}
-  for fname in files:
-    full = os.path.join(path, fname)
-    with safe_open(full, framework="numpy") as f:
-      for name in f.keys():
-        out[name] = full
-  return out
-
-
-def _read_tensor(file: str, name: str) -> np.ndarray:
-  from safetensors import safe_open
-
-  # framework="flax" reads bfloat16 too (numpy has no bf16 of its own).
-  with safe_open(file, framework="flax") as f:
-    return f.get_tensor(name)
-
-
 def load_params(path: str, cfg: ModelConfig) -> Transformer:
   """Build a Transformer for `cfg` and fill it from the safetensors in `path`."""
-  files = _safetensor_files(path)
-  names = _name_map(cfg)
-  expected = {hf for hf, _ in names.values()}
-  unexpected = [n for n in files if n not in expected and not n.endswith(_IGNORED_SUFFIXES)
-                and not (cfg.tie_embeddings and n == "lm_head.weight")]
-  if unexpected:
-    raise CheckpointError(f"unexpected tensor(s) in {path}: {', '.join(sorted(unexpected)[:10])}"
-                          f"{' ...' if len(unexpected) > 10 else ''}")
+  files = safetensor_files(path)
+  ignore = lambda n: n.endswith(IGNORED_SUFFIXES) or (cfg.tie_embeddings and n == "lm_head.weight")
+  return params_from_tensors(cfg, lambda name: read_tensor(files[name], name), files, path,
+                             ignore=ignore)
+
+
+def params_from_tensors(cfg: ModelConfig, read, available, where: str, *,
+                        ignore=lambda name: False) -> Transformer:
+  """A Transformer for `cfg` from tensors in HF naming and layout: read(name) gives one,
+  `available` lists every name the source holds, `where` names the source in errors."""
   abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  graphdef, state = nnx.split(abstract)
-  pure = nnx.to_pure_dict(state)
-  pd = as_dtype(cfg.param_dtype)
-  for ours, (hf_name, transpose) in names.items():
-    if hf_name not in files:
-      raise CheckpointError(f"tensor {hf_name} is missing from {path}")
-    value = _read_tensor(files[hf_name], hf_name)
-    if transpose:
-      value = value.T
-    node = pure
-    for key in ours[:-1]:
-      node = node[key]
-    want = tuple(node[ours[-1]].shape)
-    if tuple(value.shape) != want:
-      raise CheckpointError(
-          f"tensor {hf_name} has shape {tuple(value.shape)}"
-          f"{' (after transpose)' if transpose else ''}, the model expects {want}")
-    node[ours[-1]] = jnp.asarray(value, pd)
-  nnx.replace_by_pure_dict(state, pure)
-  return nnx.merge(graphdef, state)
+  names = {ours: (hf_name, "T" if transpose else "")
+           for ours, (hf_name, transpose) in name_map(cfg).items()}
+  return load_into(abstract, names, read, available, where, param_dtype=cfg.param_dtype,
+                   ignore=ignore)
 
 
 def load(path: str, *, dtype: str = "float32", param_dtype: str | None = None):
   """A local HF folder -> (model, tokenizer). tokenizer is None if the folder has none.
-  A Qwen2.5-VL folder gives (`qwen2_5_vl.Qwen2_5_VL`, `VLProcessor` or None)."""
+  A Qwen2.5-VL folder gives (`qwen2_5_vl.Qwen2_5_VL`, `VLProcessor` or None).
+  A `.gguf` file, or a folder holding one and no config.json, is read by `models.gguf`."""
+  gguf_file = _gguf_file(path)
+  if gguf_file is not None:
+    ckpt = gguf.GGUFCheckpoint(gguf_file, dtype=dtype, param_dtype=param_dtype)
+    model = params_from_tensors(ckpt.cfg, ckpt.tensor, ckpt.names, gguf_file)
+    return model, ckpt.tokenizer()
   if not os.path.isdir(path):
     raise CheckpointError(f"checkpoint folder {path!r} does not exist")
   cfg_file = os.path.join(path, "config.json")
-  if not os.path.exists(cfg_file):
-    raise CheckpointError(f"{cfg_file} is missing")
-  with open(cfg_file) as f:
-    hf_cfg = json.load(f)
+  hf_cfg = read_json(cfg_file)
   if hf_cfg.get("model_type") == "qwen2_5_vl":  # vision-language: (model, VLProcessor)
     from dmpo_jax.models import qwen2_5_vl
     return qwen2_5_vl.load(path, dtype=dtype, param_dtype=param_dtype)
-  cfg = config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype)
+  try:
+    cfg = config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype)
+  except KeyError as e:
+    raise CheckpointError(f"{cfg_file} lacks the field {e.args[0]!r}") from e
+  except (TypeError, ValueError) as e:  # CheckpointError included: say which file
+    raise CheckpointError(f"{cfg_file}: {e}") from e
   model = load_params(path, cfg)
   return model, load_tokenizer(path)
+
+
+def _gguf_file(path: str) -> str | None:
+  """The GGUF file `path` names (a `.gguf` file, or the one in a folder without
+  config.json), else None."""
+  if path.endswith(".gguf"):
+    if not os.path.isfile(path):
+      raise CheckpointError(f"GGUF file {path!r} does not exist")
+    return path
+  if not os.path.isdir(path) or os.path.exists(os.path.join(path, "config.json")):
+    return None
+  found = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+  if len(found) > 1:
+    raise CheckpointError(f"{path} holds {len(found)} GGUF files ({', '.join(found)}); "
+                          "pass the one to load")
+  return os.path.join(path, found[0]) if found else None
 
 
 def load_tokenizer(path: str):
@@ -279,11 +253,11 @@ def load_tokenizer(path: str):
   return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
-def _hf_tensors(model: Transformer) -> dict[str, jax.Array]:
+def hf_tensors(model: Transformer) -> dict[str, jax.Array]:
   cfg = model.cfg
   pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   out = {}
-  for ours, (hf_name, transpose) in _name_map(cfg).items():
+  for ours, (hf_name, transpose) in name_map(cfg).items():
     node = pure
     for key in ours:
       node = node[key]
@@ -306,7 +280,7 @@ def save(model: Transformer, tokenizer, path: str) -> None:
   def write(tmp):
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(config_to_hf(model.cfg, tokenizer), f, indent=2)
-    tensors = {k: jax.device_get(v) for k, v in _hf_tensors(model).items()}
+    tensors = {k: jax.device_get(v) for k, v in hf_tensors(model).items()}
     save_file({k: jnp.asarray(v) for k, v in tensors.items()},
               os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     if tokenizer is not None:

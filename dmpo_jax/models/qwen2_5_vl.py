@@ -28,7 +28,7 @@ from flax import nnx
 
 from dmpo_jax.models import hf, mrope, vision
 from dmpo_jax.models.config import ModelConfig, as_dtype
-from dmpo_jax.models.hf import CheckpointError
+from dmpo_jax.models.weights import CheckpointError, read_tensor, safetensor_files
 from dmpo_jax.models.transformer import Transformer
 from dmpo_jax.models.vision import VisionConfig, VisionTower
 
@@ -296,11 +296,11 @@ def load_language_params(files: Mapping[str, str], cfg: ModelConfig) -> Transfor
   a missing, unexpected or wrongly shaped language tensor is an error naming it."""
   prefix = _language_prefix(files)
   rename = lambda name: prefix + name[len("model."):] if name.startswith("model.") else name
-  names = {ours: (rename(theirs), t) for ours, (theirs, t) in hf._name_map(cfg).items()}
+  names = {ours: (rename(theirs), t) for ours, (theirs, t) in hf.name_map(cfg).items()}
   expected = {n for n, _ in names.values()}
   vis = vision.vision_prefix(files)
   unexpected = sorted(n for n in files if n not in expected and not n.startswith(vis)
-                      and not n.endswith(hf._IGNORED_SUFFIXES)
+                      and not n.endswith(hf.IGNORED_SUFFIXES)
                       and not (cfg.tie_embeddings and n == "lm_head.weight"))
   if unexpected:
     raise CheckpointError(f"unexpected tensor(s): {', '.join(unexpected[:10])}"
@@ -310,7 +310,7 @@ def load_language_params(files: Mapping[str, str], cfg: ModelConfig) -> Transfor
   for ours, (name, transpose) in names.items():
     if name not in files:
       raise CheckpointError(f"tensor {name} is missing")
-    value = hf._read_tensor(files[name], name)
+    value = read_tensor(files[name], name)
     value = value.T if transpose else value
     node = pure
     for key in ours[:-1]:
@@ -335,11 +335,11 @@ def load(path: str, *, dtype: str = "float32", param_dtype: str | None = None,
     raise CheckpointError(f"{cfg_file} is missing")
   with open(cfg_file) as f:
     cfg = config_from_hf(json.load(f), dtype=dtype, param_dtype=param_dtype)
-  files = hf._safetensor_files(path)
+  files = safetensor_files(path)
   language = load_language_params(files, cfg.text)
   vis = vision.vision_prefix(files)
   tower = vision.load_vision_params(
-      {n: hf._read_tensor(f, n) for n, f in files.items() if n.startswith(vis)}, cfg.vision)
+      {n: read_tensor(f, n) for n, f in files.items() if n.startswith(vis)}, cfg.vision)
   model = nnx.eval_shape(lambda: Qwen2_5_VL(cfg, rngs=nnx.Rngs(0)))
   model.visual, model.language = tower, language
   has = lambda names: any(os.path.exists(os.path.join(path, n)) for n in names)
@@ -412,7 +412,7 @@ def save(model: Qwen2_5_VL, processor, path: str) -> None:
   def write(tmp):
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(config_to_hf(model.cfg), f, indent=2)
-    text = {k: np.asarray(jax.device_get(v)) for k, v in hf._hf_tensors(model.language).items()}
+    text = {k: np.asarray(jax.device_get(v)) for k, v in hf.hf_tensors(model.language).items()}
     tensors = {**text, **_vision_tensors(model.visual)}
     save_file({k: jnp.asarray(v) for k, v in tensors.items()},
               os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})

@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 
 from dmpo_jax.models.config import as_dtype
-from dmpo_jax.models.hf import CheckpointError
+from dmpo_jax.models.weights import CheckpointError
 from dmpo_jax.models.transformer import RMSNorm, _param, attend, dense, rope, swiglu
 
 _NORM_EPS = 1e-6  # fixed in the architecture (not a config field)
@@ -478,14 +478,14 @@ def load_vision(path: str, *, dtype: str = "float32",
   import json
   import os
 
-  from dmpo_jax.models.hf import _read_tensor, _safetensor_files
+  from dmpo_jax.models.weights import read_tensor, safetensor_files
 
   cfg_file = os.path.join(path, "config.json")
   if not os.path.exists(cfg_file):
     raise CheckpointError(f"{cfg_file} is missing")
   with open(cfg_file) as f:
     cfg = vision_config_from_hf(json.load(f), dtype=dtype, param_dtype=param_dtype)
-  files = _safetensor_files(path)
+  files = safetensor_files(path)
   prefix = vision_prefix(files)
-  tensors = {n: _read_tensor(f, n) for n, f in files.items() if n.startswith(prefix)}
+  tensors = {n: read_tensor(f, n) for n, f in files.items() if n.startswith(prefix)}
   return load_vision_params(tensors, cfg)

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dmpo_jax.models.hf import CheckpointError
+from dmpo_jax.models.weights import CheckpointError
 
 IMAGE_TOKEN = "<|image_pad|>"
 PROCESSOR_FILE = "preprocessor_config.json"
