@@ -68,7 +68,7 @@ def _k_quant_bytes(rows, cols, qtype, rng):
 
 
 def write_tiny(path, arch="llama", *, types=None, vocab_size=None, tie=True, truncate=None,
-               extra=None, seed=0):
+               extra=None, seed=0, eos=2):
   """A tiny GGUF file of `arch`; returns {HF name: float32 array in HF layout} of what it
   stores (for quantised types the dequantised values). types: GGUF name -> type name."""
   rng = np.random.RandomState(seed)
@@ -115,7 +115,7 @@ def write_tiny(path, arch="llama", *, types=None, vocab_size=None, tie=True, tru
   w.add_token_types([3 if t in CONTROL else 1 for t in tokens])
   w.add_token_merges(MERGES)
   w.add_bos_token_id(1)
-  w.add_eos_token_id(2)
+  w.add_eos_token_id(eos)
   w.add_pad_token_id(2)
   w.add_unk_token_id(0)
   w.add_chat_template(CHATML)
@@ -280,6 +280,32 @@ def test_bad_gguf_files_are_refused_by_name(tmp_path):
     (tmp_path / "two" / name).write_bytes(data)
   with pytest.raises(CheckpointError, match="2 GGUF files"):
     hf.load(str(tmp_path / "two"))
+
+
+def test_chat_prompts_stop_at_the_end_of_turn(tmp_path):
+  """A file whose EOS is <|endoftext|> (as in some instruct GGUFs): the chat format still
+  ends answers at <|im_end|>, the token the template closes a turn with."""
+  from dmpo_jax import tasks as tasks_lib
+  from dmpo_jax.training import pipeline
+
+  write_tiny(tmp_path / "tiny.gguf", "qwen2", eos=0, tie=False)
+  _, tok = hf.load(str(tmp_path / "tiny.gguf"))
+  assert tok.eos_token_id == 0 and chat.end_of_turn_ids(tok) == (2,)
+  key = tasks_lib.names()[0]
+  q = tasks_lib.get(key).generate(0, "easy")
+  enc = pipeline.PromptEncoder(tok, "npbench", 10**5, chat_template=True)
+  text = enc.prompt_text(key, q)
+  messages = [{"role": "user", "content": text}]
+  assert enc.encode(key, q) == list(
+      tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+  assert enc.stop_ids == (2,)
+  target = enc.answer_ids(key, tasks_lib.get(key).reference_solution(q))
+  assert target[-1] == 2 and 0 not in target
+  row = np.array([target + [tok.pad_token_id] * 3])
+  mask = np.array([[1] * len(target) + [0] * 3])
+  assert "<|im_end|>" not in enc.texts(row, mask)[0]
+  plain = pipeline.PromptEncoder(tok, "npbench", 10**5)  # no template: EOS as before
+  assert plain.stop_ids == () and plain.answer_ids(key, tasks_lib.get(key).reference_solution(q))[-1] == 0
 
 
 # ---------------------------------------------------------------- hf.load's errors
