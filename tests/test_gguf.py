@@ -32,7 +32,7 @@ D, F, N, K, LAYERS = 256, 256, 4, 2, 2  # 256: a row of Q4_K / Q6_K is one super
 
 
 def _byte_alphabet():
-  return list(gguf_lib._bytes_to_unicode().values())
+  return list(gguf_lib.bytes_to_unicode().values())
 
 
 def _vocab():
@@ -318,7 +318,7 @@ def test_hf_load_wraps_library_errors_with_the_file(tmp_path):
   for what, data in (("truncated", good[:len(good) // 2]), ("empty", b""),
                      ("garbage", b"\x00not a safetensors file" * 10)):
     weights.write_bytes(data)
-    with pytest.raises(CheckpointError, match=rf"model\.safetensors"):
+    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
       hf.load(str(tmp_path))
   weights.write_bytes(good[:len(good) - 64])  # header intact, the last tensor's data cut
   with pytest.raises(CheckpointError, match=r"cannot read the tensor list \(header\) of "

@@ -152,7 +152,7 @@ def config_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], w
 
 
 def hf_name(name: str) -> str:
-  """A GGUF tensor name -> the Hugging Face name `hf.name_map` uses; unknown names unchanged."""
+  """A GGUF tensor name -> the Hugging Face name `hf_text.name_map` uses; unknown names unchanged."""
   top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
          "output.weight": "lm_head.weight"}
   if name in top:
@@ -206,7 +206,7 @@ def _hf_layout(tensor, cfg: ModelConfig, path: str) -> np.ndarray:
   return value
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
   """GPT-2's byte -> printable character table, in which byte-level vocabularies are spelled:
   printable Latin-1 bytes stand for themselves, the rest map to 256, 257, ... in order."""
   keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
@@ -242,7 +242,7 @@ def tokenizer_from_gguf(meta: dict[str, Any], where: str):
   if len(types) != len(tokens):
     raise CheckpointError(f"{where}: tokenizer.ggml.token_type has {len(types)} entries for "
                           f"{len(tokens)} tokens")
-  spelling = _bytes_to_unicode()
+  spelling = bytes_to_unicode()
   alphabet = set(spelling.values())
   # A token written in plain text (not in the byte alphabet) is respelled byte by byte.
   vocab = {}

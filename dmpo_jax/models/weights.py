@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from typing import Any, Callable, Iterable, Mapping
 
 import jax.numpy as jnp
@@ -26,7 +28,8 @@ Convert = str | Callable[[np.ndarray], np.ndarray]
 
 
 class CheckpointError(ValueError):
-  """A checkpoint (folder or file) does not match what the model needs, or cannot be read."""
+  """A checkpoint (a model folder or file, or a training checkpoint) does not match what the
+  model or run needs, or cannot be read."""
 
 
 def read_json(file: str, what: str = "config") -> dict[str, Any]:
@@ -92,37 +95,39 @@ def read_tensor(file: str, name: str) -> np.ndarray:
 def _shape_error(name: str, where: str, stored, how: Convert, want, ours) -> CheckpointError:
   path = "/".join(map(str, ours))
   if how == "":
-    return CheckpointError(f"tensor {name} in {where} has shape {stored}; the model expects "
+    return CheckpointError(f"tensor {name} has shape {stored} in {where}; the model expects "
                            f"{want} for {path}")
   if how == "T":  # say it in the file's [out, in] layout
-    return CheckpointError(f"tensor {name} in {where} has shape {stored}; the model expects "
+    return CheckpointError(f"tensor {name} has shape {stored} in {where}; the model expects "
                            f"{tuple(reversed(want))} (stored [out, in]) for {path}")
-  return CheckpointError(f"tensor {name} in {where} has shape {stored}, which does not give "
+  return CheckpointError(f"tensor {name} has shape {stored} in {where}, which does not give "
                          f"the model's {want} for {path}")
 
 
 def load_into(abstract: nnx.Module, names: Mapping[tuple, tuple[str, Convert]],
               read: Callable[[str], Any], available: Iterable[str], where: str, *,
-              param_dtype: str, ignore: Callable[[str], bool] = lambda name: False) -> nnx.Module:
+              param_dtype: str, ignore: Callable[[str], bool] = lambda name: False,
+              what: str = "tensor") -> nnx.Module:
   """Fill `abstract` (a module from nnx.eval_shape) from a file through `names`.
 
   names: our parameter path -> (tensor name in the file, how to convert it);
   read(name): the stored array; available: every tensor name the file holds;
-  where: the file or folder, for messages. A tensor the map does not use is refused unless
-  `ignore(name)`; a missing tensor or a wrong shape is refused by name.
+  where: the file or folder, for messages; what: the kind of tensor, for messages. A tensor
+  the map does not use is refused unless `ignore(name)`; a missing tensor or a wrong shape is
+  refused by name. A name may appear more than once (a fused qkv read three times).
   """
   available = set(available)
   expected = {name for name, _ in names.values()}
   unexpected = sorted(n for n in available if n not in expected and not ignore(n))
   if unexpected:
-    raise CheckpointError(f"unexpected tensor(s) in {where}: {', '.join(unexpected[:10])}"
+    raise CheckpointError(f"unexpected {what}(s) in {where}: {', '.join(unexpected[:10])}"
                           f"{' ...' if len(unexpected) > 10 else ''}")
   graphdef, state = nnx.split(abstract)
   pure = nnx.to_pure_dict(state)
   pd = as_dtype(param_dtype)
   for ours, (name, how) in names.items():
     if name not in available:
-      raise CheckpointError(f"tensor {name} is missing from {where}")
+      raise CheckpointError(f"{what} {name} is missing from {where}")
     stored = read(name)
     node = pure
     for key in ours[:-1]:
@@ -135,6 +140,8 @@ def load_into(abstract: nnx.Module, names: Mapping[tuple, tuple[str, Convert]],
     else:
       try:
         value = how(stored)
+      except CheckpointError:
+        raise
       except (ValueError, IndexError) as e:
         raise _shape_error(name, where, tuple(stored.shape), how, want, ours) from e
     if tuple(value.shape) != want:
@@ -142,3 +149,24 @@ def load_into(abstract: nnx.Module, names: Mapping[tuple, tuple[str, Convert]],
     node[ours[-1]] = jnp.asarray(value, pd)
   nnx.replace_by_pure_dict(state, pure)
   return nnx.merge(graphdef, state)
+
+
+def write_folder(path: str, write) -> None:
+  """Call write(tmp) on a fresh temporary folder beside `path`, then move it into place:
+  a failure midway leaves any previous folder at `path` untouched."""
+  parent = os.path.dirname(os.path.abspath(path)) or "."
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".tmp-hf-", dir=parent)
+  try:
+    write(tmp)
+    if os.path.exists(path):
+      old = path.rstrip("/") + ".old"
+      shutil.rmtree(old, ignore_errors=True)
+      os.replace(path, old)
+      os.replace(tmp, path)
+      shutil.rmtree(old, ignore_errors=True)
+    else:
+      os.replace(tmp, path)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
