@@ -110,7 +110,7 @@ def write_tiny(path, arch="llama", *, types=None, vocab_size=None, tie=True, tru
     w.add_key_length(hd)
     w.add_value_length(hd)
   w.add_tokenizer_model("gpt2")
-  w.add_tokenizer_pre("qwen2" if arch != "llama" else "smollm")
+  w.add_tokenizer_pre({"llama": "smollm", "qwen2": "qwen2"}.get(arch, "llama-bpe"))
   w.add_token_list(tokens)
   w.add_token_types([3 if t in CONTROL else 1 for t in tokens])
   w.add_token_merges(MERGES)
@@ -331,11 +331,14 @@ def test_hf_load_wraps_library_errors_with_the_file(tmp_path):
                         ("[1, 2]", r"config\.json holds a JSON list, not an object"),
                         (json.dumps({k: v for k, v in cfg.items() if k != "hidden_size"}),
                          r"config\.json lacks the field 'hidden_size'"),
+                        (json.dumps(dict(cfg, hidden_size="wide")), r"config\.json.*hidden_size"),
                         (b"\xff\xfe\x00".decode("latin-1"), r"config\.json")):
     config.write_text(text, encoding="latin-1")
     with pytest.raises(CheckpointError, match=message):
       hf.load(str(tmp_path))
   config.write_text(json.dumps(cfg))
+  with pytest.raises(CheckpointError, match=r"model\.safetensors is a file"):
+    hf.load(str(weights))
   model, _ = hf.load(str(tmp_path))
   assert model.cfg.hidden_size == cfg["hidden_size"]
 

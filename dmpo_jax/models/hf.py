@@ -49,6 +49,8 @@ def load(path: str, *, dtype: str = "float32", param_dtype: str | None = None):
     ckpt = gguf.GGUFCheckpoint(gguf_file, dtype=dtype, param_dtype=param_dtype)
     model = params_from_tensors(ckpt.cfg, ckpt.tensor, ckpt.names, gguf_file)
     return model, ckpt.tokenizer()
+  if os.path.isfile(path):
+    raise CheckpointError(f"{path} is a file: pass a checkpoint folder or a .gguf file")
   if not os.path.isdir(path):
     raise CheckpointError(f"checkpoint folder {path!r} does not exist")
   cfg_file = os.path.join(path, "config.json")
