@@ -153,9 +153,9 @@ def config_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], w
 
 
 def hf_name(name: str) -> str:
-  """A GGUF tensor name -> the Hugging Face name `hf_text.name_map` uses; unknown names unchanged."""
-  top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-         "output.weight": "lm_head.weight"}
+  """A GGUF tensor name -> the HF name `hf_text.name_map` uses; unknown names unchanged."""
+  top = {"token_embd.weight": "model.embed_tokens.weight",
+         "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
   if name in top:
     return top[name]
   parts = name.split(".", 3)
@@ -279,8 +279,8 @@ def tokenizer_from_gguf(meta: dict[str, Any], where: str):
         raise CheckpointError(f"{where}: tokenizer.ggml.{key}={index} is outside the vocabulary "
                               f"of {len(tokens)}")
       special[name] = tokens[int(index)]
-  return PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=meta.get("tokenizer.chat_template"),
-                                 **special)
+  return PreTrainedTokenizerFast(tokenizer_object=tok,
+                                 chat_template=meta.get("tokenizer.chat_template"), **special)
 
 
 class GGUFCheckpoint:
@@ -293,6 +293,10 @@ class GGUFCheckpoint:
     self.meta = metadata(self.reader)
     self.cfg = config_from_gguf(self.meta, _shapes(self.reader), path, dtype=dtype,
                                 param_dtype=param_dtype)
+    for t in self.reader.tensors:  # refuse an unsupported type before any work
+      if t.tensor_type.name not in TENSOR_TYPES:
+        raise CheckpointError(f"{path}: tensor {t.name} has type {t.tensor_type.name}, which is "
+                              f"not supported; supported: {', '.join(TENSOR_TYPES)}")
     self._by_name = {hf_name(t.name): t for t in self.reader.tensors}
 
   @property
