@@ -17,6 +17,7 @@ setup(
         "transformers",
         "safetensors",
         "tokenizers",
+        "gguf",  # llama.cpp's reader: GGUF files (models/gguf.py), no torch needed
         "numpy",
         "tqdm",
         "matplotlib",
@@ -32,6 +33,7 @@ setup(
             "hypothesis",
             # Only the reference in parity tests; the CPU wheel of this pin is on disk.
             "torch==2.13.0",
+            "accelerate",  # transformers' own GGUF load, the reference of tests/test_gguf.py
             "tensorflow-datasets",
             "array_record",
             "importlib_resources",

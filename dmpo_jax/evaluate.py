@@ -195,7 +195,7 @@ def main(argv):
   encoder = FilePromptEncoder(tok, style, plen, chat, prompts)
   scfg = sampler_lib.SamplingConfig(max_new_tokens=FLAGS.max_new_tokens or d.get("max_new_tokens", 1024),
                                     num_samples=samples, temperature=FLAGS.temperature, eos_id=tok.eos_token_id,
-                                    pad_id=encoder.pad)
+                                    pad_id=encoder.pad, stop_ids=encoder.stop_ids)
   sample = jax.jit(lambda p, pt, pm, rng: sampler_lib.generate_padded(graphdef, p, pt, pm, rng, scfg))
   def sample_fn(pt, pm, rng):
     r = sample(params, pt, pm, rng)
@@ -253,7 +253,8 @@ def evaluate_vlm(graphdef, params, processor, d: dict) -> None:
   vl_cfg = nnx.merge(graphdef, params).cfg
   scfg = sampler_lib.SamplingConfig(max_new_tokens=FLAGS.max_new_tokens or d.get("max_new_tokens", 1024),
                                     num_samples=FLAGS.samples, temperature=FLAGS.temperature,
-                                    eos_id=processor.tokenizer.eos_token_id, pad_id=encoder.pad)
+                                    eos_id=processor.tokenizer.eos_token_id, pad_id=encoder.pad,
+                                    stop_ids=encoder.stop_ids)
   sample = jax.jit(lambda p, pt, pm, rng, im: sampler_lib.generate_padded(graphdef, p, pt, pm, rng, scfg, im))
 
   def run_eval(enc, plen, images):

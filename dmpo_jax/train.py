@@ -264,7 +264,8 @@ class Run:
   def sampling_config(self, num_samples: int, temperature: float, top_p: float = 1.0):
     return sampler_lib.SamplingConfig(max_new_tokens=self.completion_len, num_samples=num_samples,
                                       temperature=temperature, top_p=top_p,
-                                      eos_id=self.tok.eos_token_id, pad_id=self.encoder.pad)
+                                      eos_id=self.tok.eos_token_id, pad_id=self.encoder.pad,
+                                      stop_ids=self.encoder.stop_ids)
 
   def sampler(self, scfg):
     return sampling.make_sampler(self.graphdef, scfg, self.p_sh, self.data_sh, self.rep)

@@ -190,7 +190,8 @@ def test_bad_checkpoints_name_the_problem(tmp_path):
 
   wrong = dict(tensors, **{name: np.zeros((96, 65), np.float32)})
   save_file(wrong, str(weights))
-  with pytest.raises(hf.CheckpointError, match=rf"{name} has shape \(65, 96\).*expects \(64, 96\)"):
+  # Shapes in the file's own [out, in] layout.
+  with pytest.raises(hf.CheckpointError, match=rf"{name} has shape \(96, 65\) in .*expects \(96, 64\)"):
     hf.load(str(tmp_path))
 
   extra = dict(tensors, **{"model.layers.9.surprise.weight": np.zeros(3, np.float32)})

@@ -3,293 +3,84 @@
 `load(path)` reads config.json (Qwen2, Qwen3 dense, Llama 2 / 3.x families), `*.safetensors`
 (one file, or shards listed in model.safetensors.index.json) and the
 tokenizer (through transformers.AutoTokenizer) from a local folder; nothing
-is fetched from a hub. `save(model, tokenizer, path)` writes a folder that
-transformers opens with `AutoModelForCausalLM.from_pretrained(path)`.
+is fetched from a hub. A llama.cpp GGUF file (or a folder holding one) goes to
+`models.gguf`, which reads it without torch; a Qwen2.5-VL folder to `models.qwen2_5_vl`.
+`save(model, tokenizer, path)` writes a folder that transformers opens with
+`AutoModelForCausalLM.from_pretrained(path)`. The format itself (config.json fields,
+tensor names) is `models.hf_text`; `CheckpointError`, `config_from_hf`, `config_to_hf`,
+`hf_tensors` and `load_tokenizer` stay importable from here.
 
-Every mismatch (missing file, unsupported architecture, missing or
-unexpected tensor, wrong shape) is one clear error naming the file or tensor.
+Every mismatch (missing or unreadable file, unsupported architecture, missing or
+unexpected tensor, wrong shape) is one `CheckpointError` naming the file or tensor;
+shapes are given in the file's layout.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from flax import nnx
 
-from dmpo_jax.models.config import ModelConfig, as_dtype
+from dmpo_jax.models import gguf, qwen2_5_vl
+from dmpo_jax.models.config import ModelConfig
+from dmpo_jax.models.hf_text import (IGNORED_SUFFIXES, config_from_hf, config_to_hf, hf_tensors,
+                                     load_tokenizer, params_from_tensors)
 from dmpo_jax.models.transformer import Transformer
-
-SUPPORTED = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
-             "qwen3": "Qwen3ForCausalLM"}
-# Known relatives that are refused by name (what they add is not implemented).
-_REFUSED = {"qwen3_moe": "Qwen3 mixture-of-experts", "qwen2_moe": "Qwen2 mixture-of-experts",
-            "mistral": "Mistral (sliding-window attention)", "mixtral": "Mixtral (mixture-of-experts)"}
-_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-# HF buffers that carry no learned weights.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class CheckpointError(ValueError):
-  """A checkpoint folder does not match what the model needs."""
-
-
-def config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
-                   param_dtype: str | None = None) -> ModelConfig:
-  """A HF config.json dict -> ModelConfig; refuses what the model does not implement."""
-  model_type = hf.get("model_type")
-  if model_type in _REFUSED:
-    raise CheckpointError(f"unsupported architecture model_type={model_type!r} "
-                          f"({_REFUSED[model_type]}); supported: {sorted(SUPPORTED)}")
-  if model_type not in SUPPORTED:
-    raise CheckpointError(
-        f"unsupported architecture model_type={model_type!r} "
-        f"(architectures={hf.get('architectures')}); supported: {sorted(SUPPORTED)}")
-  rope = _rope_from_hf(hf)
-  if model_type in ("llama", "qwen3") and (hf.get("attention_bias") or hf.get("mlp_bias")):
-    raise CheckpointError(f"{model_type} with attention_bias or mlp_bias is not supported")
-  if hf.get("use_sliding_window"):
-    raise CheckpointError("sliding-window attention (use_sliding_window=true) is not supported")
-  layer_types = set(hf.get("layer_types") or ["full_attention"])
-  if layer_types != {"full_attention"}:
-    raise CheckpointError(f"unsupported layer_types {sorted(layer_types)} in config.json; only "
-                          "'full_attention' is implemented")
-  act = hf.get("hidden_act", "silu")
-  if act != "silu":
-    raise CheckpointError(f"unsupported hidden_act {act!r}; only 'silu' (SwiGLU) is implemented")
-  num_heads = hf["num_attention_heads"]
-  return ModelConfig(
-      vocab_size=hf["vocab_size"],
-      hidden_size=hf["hidden_size"],
-      intermediate_size=hf["intermediate_size"],
-      num_layers=hf["num_hidden_layers"],
-      num_heads=num_heads,
-      num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-      head_dim=hf.get("head_dim"),
-      **rope,
-      rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-      qkv_bias=model_type == "qwen2",
-      qk_norm=model_type == "qwen3",
-      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      max_position_embeddings=hf.get("max_position_embeddings", 4096),
-      param_dtype=param_dtype or dtype,
-      dtype=dtype,
-      architecture=model_type,
-  )
-
-
-def _rope_from_hf(hf: dict[str, Any]) -> dict[str, Any]:
-  """The RoPE fields of ModelConfig from config.json (`rope_scaling` in checkpoints,
-  `rope_parameters` as transformers 5 writes them); other rope types refused by name."""
-  rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-  rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
-  theta = float(hf.get("rope_theta", rope.get("rope_theta", 10000.0)))
-  if rope_type == "default":
-    return {"rope_theta": theta}
-  if rope_type != "llama3":
-    raise CheckpointError(f"unsupported rope scaling {rope_type!r} in config.json; implemented: "
-                          "plain RoPE ('default') and 'llama3'")
-  missing = [k for k in _LLAMA3_KEYS if k not in rope]
-  if missing:
-    raise CheckpointError(f"rope scaling 'llama3' in config.json lacks {missing}")
-  return {"rope_theta": theta, "rope_type": "llama3", "rope_factor": float(rope["factor"]),
-          "rope_low_freq_factor": float(rope["low_freq_factor"]),
-          "rope_high_freq_factor": float(rope["high_freq_factor"]),
-          "rope_original_max_position": int(rope["original_max_position_embeddings"])}
-
-
-def config_to_hf(cfg: ModelConfig, tokenizer=None) -> dict[str, Any]:
-  """ModelConfig -> a config.json dict that transformers reads."""
-  hf = {
-      "architectures": [SUPPORTED[cfg.architecture]],
-      "model_type": cfg.architecture,
-      "vocab_size": cfg.vocab_size,
-      "hidden_size": cfg.hidden_size,
-      "intermediate_size": cfg.intermediate_size,
-      "num_hidden_layers": cfg.num_layers,
-      "num_attention_heads": cfg.num_heads,
-      "num_key_value_heads": cfg.num_kv_heads,
-      "head_dim": cfg.head_dim,
-      "hidden_act": "silu",
-      "rope_theta": cfg.rope_theta,
-      "rms_norm_eps": cfg.rms_norm_eps,
-      "tie_word_embeddings": cfg.tie_embeddings,
-      "max_position_embeddings": cfg.max_position_embeddings,
-      "torch_dtype": cfg.param_dtype,
-  }
-  if cfg.rope_type == "llama3":
-    hf["rope_scaling"] = {"rope_type": "llama3", "factor": cfg.rope_factor,
-                          "low_freq_factor": cfg.rope_low_freq_factor,
-                          "high_freq_factor": cfg.rope_high_freq_factor,
-                          "original_max_position_embeddings": cfg.rope_original_max_position}
-  if cfg.mrope_section is not None:
-    raise CheckpointError("multimodal RoPE (mrope_section) has no text-only HF class to save as")
-  if cfg.architecture in ("llama", "qwen3"):
-    if cfg.qkv_bias:
-      raise CheckpointError(f"a {cfg.architecture} checkpoint cannot carry QKV biases; use "
-                            "architecture='qwen2'")
-    hf.update(attention_bias=False, mlp_bias=False)
-  elif not cfg.qkv_bias:
-    raise CheckpointError("a Qwen2 checkpoint needs qkv_bias=True; use architecture='llama'")
-  if cfg.qk_norm != (cfg.architecture == "qwen3"):
-    raise CheckpointError(f"qk_norm={cfg.qk_norm} does not fit architecture={cfg.architecture!r} "
-                          "(only Qwen3 normalises q and k)")
-  if tokenizer is not None:
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-      value = getattr(tokenizer, name, None)
-      if value is not None:
-        hf[name] = value
-  return hf
-
-
-def _name_map(cfg: ModelConfig) -> dict[tuple, tuple[str, bool]]:
-  """Our parameter path -> (HF tensor name, transposed?). torch Linear is [out, in]."""
-  m: dict[tuple, tuple[str, bool]] = {("embed",): ("model.embed_tokens.weight", False),
-                                      ("final_norm", "scale"): ("model.norm.weight", False)}
-  if not cfg.tie_embeddings:
-    m[("lm_head",)] = ("lm_head.weight", True)
-  for i in range(cfg.num_layers):
-    p = f"model.layers.{i}."
-    m[("layers", i, "attn_norm", "scale")] = (p + "input_layernorm.weight", False)
-    m[("layers", i, "mlp_norm", "scale")] = (p + "post_attention_layernorm.weight", False)
-    for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")):
-      m[("layers", i, "attn", ours)] = (p + f"self_attn.{theirs}.weight", True)
-    if cfg.qkv_bias:
-      for ours, theirs in (("q_bias", "q_proj"), ("k_bias", "k_proj"), ("v_bias", "v_proj")):
-        m[("layers", i, "attn", ours)] = (p + f"self_attn.{theirs}.bias", False)
-    if cfg.qk_norm:
-      for ours, theirs in (("q_norm", "q_norm"), ("k_norm", "k_norm")):
-        m[("layers", i, "attn", ours, "scale")] = (p + f"self_attn.{theirs}.weight", False)
-    for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
-      m[("layers", i, "mlp", ours)] = (p + f"mlp.{theirs}.weight", True)
-  return m
-
-
-def _safetensor_files(path: str) -> dict[str, str]:
-  """Tensor name -> file, from the index if sharded, else from the single file(s)."""
-  from safetensors import safe_open
-
-  index = os.path.join(path, "model.safetensors.index.json")
-  if os.path.exists(index):
-    with open(index) as f:
-      weight_map = json.load(f).get("weight_map")
-    if not isinstance(weight_map, dict):
-      raise CheckpointError(f"{index} has no 'weight_map'")
-    out = {}
-    for name, fname in weight_map.items():
-      full = os.path.join(path, fname)
-      if not os.path.exists(full):
-        raise CheckpointError(f"shard {full} (listed in {index} for {name}) is missing")
-      out[name] = full
-    return out
-  files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-  if not files:
-    raise CheckpointError(f"no *.safetensors file in {path}")
-  out = {}
-  for fname in files:
-    full = os.path.join(path, fname)
-    with safe_open(full, framework="numpy") as f:
-      for name in f.keys():
-        out[name] = full
-  return out
-
-
-def _read_tensor(file: str, name: str) -> np.ndarray:
-  from safetensors import safe_open
-
-  # framework="flax" reads bfloat16 too (numpy has no bf16 of its own).
-  with safe_open(file, framework="flax") as f:
-    return f.get_tensor(name)
+from dmpo_jax.models.weights import (CheckpointError, read_json, read_tensor, safetensor_files,
+                                     write_folder)
 
 
 def load_params(path: str, cfg: ModelConfig) -> Transformer:
   """Build a Transformer for `cfg` and fill it from the safetensors in `path`."""
-  files = _safetensor_files(path)
-  names = _name_map(cfg)
-  expected = {hf for hf, _ in names.values()}
-  unexpected = [n for n in files if n not in expected and not n.endswith(_IGNORED_SUFFIXES)
-                and not (cfg.tie_embeddings and n == "lm_head.weight")]
-  if unexpected:
-    raise CheckpointError(f"unexpected tensor(s) in {path}: {', '.join(sorted(unexpected)[:10])}"
-                          f"{' ...' if len(unexpected) > 10 else ''}")
-  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  graphdef, state = nnx.split(abstract)
-  pure = nnx.to_pure_dict(state)
-  pd = as_dtype(cfg.param_dtype)
-  for ours, (hf_name, transpose) in names.items():
-    if hf_name not in files:
-      raise CheckpointError(f"tensor {hf_name} is missing from {path}")
-    value = _read_tensor(files[hf_name], hf_name)
-    if transpose:
-      value = value.T
-    node = pure
-    for key in ours[:-1]:
-      node = node[key]
-    want = tuple(node[ours[-1]].shape)
-    if tuple(value.shape) != want:
-      raise CheckpointError(
-          f"tensor {hf_name} has shape {tuple(value.shape)}"
-          f"{' (after transpose)' if transpose else ''}, the model expects {want}")
-    node[ours[-1]] = jnp.asarray(value, pd)
-  nnx.replace_by_pure_dict(state, pure)
-  return nnx.merge(graphdef, state)
+  files = safetensor_files(path)
+  ignore = lambda n: n.endswith(IGNORED_SUFFIXES) or (cfg.tie_embeddings and n == "lm_head.weight")
+  return params_from_tensors(cfg, lambda name: read_tensor(files[name], name), files, path,
+                             ignore=ignore)
 
 
 def load(path: str, *, dtype: str = "float32", param_dtype: str | None = None):
   """A local HF folder -> (model, tokenizer). tokenizer is None if the folder has none.
-  A Qwen2.5-VL folder gives (`qwen2_5_vl.Qwen2_5_VL`, `VLProcessor` or None)."""
+  A Qwen2.5-VL folder gives (`qwen2_5_vl.Qwen2_5_VL`, `VLProcessor` or None).
+  A `.gguf` file, or a folder holding one and no config.json, is read by `models.gguf`."""
+  gguf_file = _gguf_file(path)
+  if gguf_file is not None:
+    ckpt = gguf.GGUFCheckpoint(gguf_file, dtype=dtype, param_dtype=param_dtype)
+    model = params_from_tensors(ckpt.cfg, ckpt.tensor, ckpt.names, gguf_file)
+    return model, ckpt.tokenizer()
+  if os.path.isfile(path):
+    raise CheckpointError(f"{path} is a file: pass a checkpoint folder or a .gguf file")
   if not os.path.isdir(path):
     raise CheckpointError(f"checkpoint folder {path!r} does not exist")
   cfg_file = os.path.join(path, "config.json")
-  if not os.path.exists(cfg_file):
-    raise CheckpointError(f"{cfg_file} is missing")
-  with open(cfg_file) as f:
-    hf_cfg = json.load(f)
-  if hf_cfg.get("model_type") == "qwen2_5_vl":  # vision-language: (model, VLProcessor)
-    from dmpo_jax.models import qwen2_5_vl
+  hf_cfg = read_json(cfg_file)
+  if hf_cfg.get("model_type") == qwen2_5_vl.MODEL_TYPE:  # vision-language: (model, VLProcessor)
     return qwen2_5_vl.load(path, dtype=dtype, param_dtype=param_dtype)
-  cfg = config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype)
+  try:
+    cfg = config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype)
+  except KeyError as e:
+    raise CheckpointError(f"{cfg_file} lacks the field {e.args[0]!r}") from e
+  except (TypeError, ValueError) as e:  # CheckpointError included: say which file
+    raise CheckpointError(f"{cfg_file}: {e}") from e
   model = load_params(path, cfg)
   return model, load_tokenizer(path)
 
 
-def load_tokenizer(path: str):
-  """The folder's tokenizer through transformers.AutoTokenizer, or None if it has none."""
-  has_tok = any(os.path.exists(os.path.join(path, f))
-                for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json",
-                          "tokenizer.model"))
-  if not has_tok:
+def _gguf_file(path: str) -> str | None:
+  """The GGUF file `path` names (a `.gguf` file, or the one in a folder without
+  config.json), else None."""
+  if path.endswith(".gguf"):
+    if not os.path.isfile(path):
+      raise CheckpointError(f"GGUF file {path!r} does not exist")
+    return path
+  if not os.path.isdir(path) or os.path.exists(os.path.join(path, "config.json")):
     return None
-  from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-  # A generic tokenizer.json (our task tokenizer) must not be re-read as the
-  # model family's own class, which AutoTokenizer picks from config.json.
-  tok_cfg = os.path.join(path, "tokenizer_config.json")
-  if os.path.exists(tok_cfg):
-    with open(tok_cfg) as f:
-      declared = json.load(f).get("tokenizer_class")
-    if declared in ("PreTrainedTokenizerFast", "TokenizersBackend"):
-      return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-  return AutoTokenizer.from_pretrained(path, local_files_only=True)
-
-
-def _hf_tensors(model: Transformer) -> dict[str, jax.Array]:
-  cfg = model.cfg
-  pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-  out = {}
-  for ours, (hf_name, transpose) in _name_map(cfg).items():
-    node = pure
-    for key in ours:
-      node = node[key]
-    value = jnp.asarray(node)
-    out[hf_name] = jnp.asarray(value.T if transpose else value)
-  return out
+  found = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+  if len(found) > 1:
+    raise CheckpointError(f"{path} holds {len(found)} GGUF files ({', '.join(found)}); "
+                          "pass the one to load")
+  return os.path.join(path, found[0]) if found else None
 
 
 def save(model: Transformer, tokenizer, path: str) -> None:
@@ -300,13 +91,12 @@ def save(model: Transformer, tokenizer, path: str) -> None:
   """
   from safetensors.flax import save_file
 
-  if hasattr(model, "visual"):  # a Qwen2.5-VL; `tokenizer` is then its VLProcessor (or None)
-    from dmpo_jax.models import qwen2_5_vl
+  if isinstance(model, qwen2_5_vl.Qwen2_5_VL):  # `tokenizer` is then its VLProcessor (or None)
     return qwen2_5_vl.save(model, tokenizer, path)
   def write(tmp):
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(config_to_hf(model.cfg, tokenizer), f, indent=2)
-    tensors = {k: jax.device_get(v) for k, v in _hf_tensors(model).items()}
+    tensors = {k: jax.device_get(v) for k, v in hf_tensors(model).items()}
     save_file({k: jnp.asarray(v) for k, v in tensors.items()},
               os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     if tokenizer is not None:
@@ -315,22 +105,3 @@ def save(model: Transformer, tokenizer, path: str) -> None:
   write_folder(path, write)
 
 
-def write_folder(path: str, write) -> None:
-  """Call write(tmp) on a fresh temporary folder beside `path`, then move it into place:
-  a failure midway leaves any previous folder at `path` untouched."""
-  parent = os.path.dirname(os.path.abspath(path)) or "."
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=".tmp-hf-", dir=parent)
-  try:
-    write(tmp)
-    if os.path.exists(path):
-      old = path.rstrip("/") + ".old"
-      shutil.rmtree(old, ignore_errors=True)
-      os.replace(path, old)
-      os.replace(tmp, path)
-      shutil.rmtree(old, ignore_errors=True)
-    else:
-      os.replace(tmp, path)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise

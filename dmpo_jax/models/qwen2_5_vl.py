@@ -26,11 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dmpo_jax.models import hf, mrope, vision
+from dmpo_jax.models import hf_text, mrope, vision
 from dmpo_jax.models.config import ModelConfig, as_dtype
-from dmpo_jax.models.hf import CheckpointError
 from dmpo_jax.models.transformer import Transformer
 from dmpo_jax.models.vision import VisionConfig, VisionTower
+from dmpo_jax.models.vl_processor import PROCESSOR_FILE, TOKENIZER_FILES, VLProcessor
+from dmpo_jax.models.weights import (CheckpointError, read_json, read_tensor, safetensor_files,
+                                     write_folder)
 
 MODEL_TYPE = "qwen2_5_vl"
 ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
@@ -262,7 +264,7 @@ def config_from_hf(hf_cfg: Mapping[str, Any], *, dtype: str = "float32",
   if "tie_word_embeddings" in hf_cfg:
     text["tie_word_embeddings"] = hf_cfg["tie_word_embeddings"]
   try:
-    text_cfg = hf.config_from_hf(text, dtype=dtype, param_dtype=param_dtype)
+    text_cfg = hf_text.config_from_hf(text, dtype=dtype, param_dtype=param_dtype)
     text_cfg = text_cfg.replace(mrope_section=section)
   except CheckpointError as e:
     raise CheckpointError(f"{where}: {e}") from e
@@ -291,60 +293,36 @@ def _language_prefix(names) -> str:
   return "model.language_model." if nested else "model."
 
 
-def load_language_params(files: Mapping[str, str], cfg: ModelConfig) -> Transformer:
-  """The text Transformer from tensor name -> safetensors file, through hf.py's name map;
+def load_language_params(files: Mapping[str, str], cfg: ModelConfig,
+                         where: str = "the checkpoint") -> Transformer:
+  """The text Transformer from tensor name -> safetensors file, through hf_text's name map;
   a missing, unexpected or wrongly shaped language tensor is an error naming it."""
-  prefix = _language_prefix(files)
-  rename = lambda name: prefix + name[len("model."):] if name.startswith("model.") else name
-  names = {ours: (rename(theirs), t) for ours, (theirs, t) in hf._name_map(cfg).items()}
-  expected = {n for n, _ in names.values()}
   vis = vision.vision_prefix(files)
-  unexpected = sorted(n for n in files if n not in expected and not n.startswith(vis)
-                      and not n.endswith(hf._IGNORED_SUFFIXES)
-                      and not (cfg.tie_embeddings and n == "lm_head.weight"))
-  if unexpected:
-    raise CheckpointError(f"unexpected tensor(s): {', '.join(unexpected[:10])}"
-                          f"{' ...' if len(unexpected) > 10 else ''}")
-  graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
-  pure = nnx.to_pure_dict(state)
-  for ours, (name, transpose) in names.items():
-    if name not in files:
-      raise CheckpointError(f"tensor {name} is missing")
-    value = hf._read_tensor(files[name], name)
-    value = value.T if transpose else value
-    node = pure
-    for key in ours[:-1]:
-      node = node[key]
-    want = tuple(node[ours[-1]].shape)
-    if tuple(value.shape) != want:
-      raise CheckpointError(f"tensor {name} has shape {tuple(value.shape)}"
-                            f"{' (after transpose)' if transpose else ''}, the model expects {want}")
-    node[ours[-1]] = jnp.asarray(value, as_dtype(cfg.param_dtype))
-  nnx.replace_by_pure_dict(state, pure)
-  return nnx.merge(graphdef, state)
+  ignore = lambda n: (n.startswith(vis) or n.endswith(hf_text.IGNORED_SUFFIXES)
+                      or (cfg.tie_embeddings and n == "lm_head.weight"))
+  return hf_text.params_from_tensors(cfg, lambda n: read_tensor(files[n], n), files, where,
+                                     ignore=ignore, prefix=_language_prefix(files))
 
 
 def load(path: str, *, dtype: str = "float32", param_dtype: str | None = None,
          patch_budget: int | None = None):
   """A local Qwen2.5-VL folder -> (model, processor). The processor is our `VLProcessor`
   (the folder's tokenizer and image processor), None if the folder has neither."""
-  from dmpo_jax.models.vl_processor import PROCESSOR_FILE, VLProcessor, _TOKENIZER_FILES
-
   cfg_file = os.path.join(path, "config.json")
-  if not os.path.exists(cfg_file):
-    raise CheckpointError(f"{cfg_file} is missing")
-  with open(cfg_file) as f:
-    cfg = config_from_hf(json.load(f), dtype=dtype, param_dtype=param_dtype)
-  files = hf._safetensor_files(path)
-  language = load_language_params(files, cfg.text)
+  try:
+    cfg = config_from_hf(read_json(cfg_file), dtype=dtype, param_dtype=param_dtype)
+  except KeyError as e:
+    raise CheckpointError(f"{cfg_file} lacks the field {e.args[0]!r}") from e
+  files = safetensor_files(path)
+  language = load_language_params(files, cfg.text, path)
   vis = vision.vision_prefix(files)
   tower = vision.load_vision_params(
-      {n: hf._read_tensor(f, n) for n, f in files.items() if n.startswith(vis)}, cfg.vision)
+      {n: read_tensor(f, n) for n, f in files.items() if n.startswith(vis)}, cfg.vision)
   model = nnx.eval_shape(lambda: Qwen2_5_VL(cfg, rngs=nnx.Rngs(0)))
   model.visual, model.language = tower, language
   has = lambda names: any(os.path.exists(os.path.join(path, n)) for n in names)
   processor = None
-  if has((PROCESSOR_FILE,) + _TOKENIZER_FILES):
+  if has((PROCESSOR_FILE,) + TOKENIZER_FILES):
     # from_folder also checks config.json's image_token_id against the tokenizer.
     processor = VLProcessor.from_folder(path, patch_budget=patch_budget)
     processor.check_vision_config(cfg.vision)
@@ -353,7 +331,7 @@ def load(path: str, *, dtype: str = "float32", param_dtype: str | None = None,
 
 def config_to_hf(cfg: VLConfig) -> dict[str, Any]:
   """VLConfig -> a config.json dict in the nested layout transformers 5 writes and opens."""
-  text = hf.config_to_hf(cfg.text.replace(mrope_section=None))
+  text = hf_text.config_to_hf(cfg.text.replace(mrope_section=None))
   for name in ("architectures", "tie_word_embeddings", "torch_dtype", "rope_theta",
                "rope_scaling", "attention_bias", "mlp_bias"):
     text.pop(name, None)
@@ -384,7 +362,7 @@ def _vision_tensors(tower: VisionTower) -> dict[str, np.ndarray]:
   pure = nnx.to_pure_dict(nnx.state(tower, nnx.Param))
   fused: dict[str, dict[str, np.ndarray]] = {}
   out = {}
-  for ours, (name, how) in vision._vision_name_map(cfg).items():
+  for ours, (name, how) in vision.vision_name_map(cfg).items():
     node = pure
     for key in ours:
       node = node[key]
@@ -412,11 +390,11 @@ def save(model: Qwen2_5_VL, processor, path: str) -> None:
   def write(tmp):
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(config_to_hf(model.cfg), f, indent=2)
-    text = {k: np.asarray(jax.device_get(v)) for k, v in hf._hf_tensors(model.language).items()}
+    text = {k: np.asarray(jax.device_get(v)) for k, v in hf_text.hf_tensors(model.language).items()}
     tensors = {**text, **_vision_tensors(model.visual)}
     save_file({k: jnp.asarray(v) for k, v in tensors.items()},
               os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     if processor is not None:
       processor.save_pretrained(tmp)
 
-  hf.write_folder(path, write)
+  write_folder(path, write)

@@ -59,5 +59,5 @@ def build(path: str | None = None, *, vision: bool = False):
 
 def load(path: str):
   """Load a saved task tokenizer (or any HF tokenizer folder)."""
-  from dmpo_jax.models.hf import load_tokenizer
+  from dmpo_jax.models.hf_text import load_tokenizer
   return load_tokenizer(path)

@@ -35,7 +35,7 @@ _NEG_INF = attention.NEG_INF
 attend = attention.attend  # re-exported: the reference core
 
 
-def _param(rngs: nnx.Rngs, shape, dtype, names, scale: float | None = None, zeros=False):
+def init_param(rngs: nnx.Rngs, shape, dtype, names, scale: float | None = None, zeros=False):
   """A parameter with logical axis names; normal(0, scale) or zeros."""
   if zeros:
     value = jnp.zeros(shape, dtype)
@@ -141,14 +141,14 @@ class Attention(nnx.Module):
     d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     pd = as_dtype(cfg.param_dtype)
     self.cfg = cfg
-    self.q = _param(rngs, (d, n * h), pd, ("embed", "heads"))
-    self.k = _param(rngs, (d, k * h), pd, ("embed", "kv_heads"))
-    self.v = _param(rngs, (d, k * h), pd, ("embed", "kv_heads"))
-    self.o = _param(rngs, (n * h, d), pd, ("heads", "embed"))
+    self.q = init_param(rngs, (d, n * h), pd, ("embed", "heads"))
+    self.k = init_param(rngs, (d, k * h), pd, ("embed", "kv_heads"))
+    self.v = init_param(rngs, (d, k * h), pd, ("embed", "kv_heads"))
+    self.o = init_param(rngs, (n * h, d), pd, ("heads", "embed"))
     if cfg.qkv_bias:
-      self.q_bias = _param(rngs, (n * h,), pd, ("heads",), zeros=True)
-      self.k_bias = _param(rngs, (k * h,), pd, ("kv_heads",), zeros=True)
-      self.v_bias = _param(rngs, (k * h,), pd, ("kv_heads",), zeros=True)
+      self.q_bias = init_param(rngs, (n * h,), pd, ("heads",), zeros=True)
+      self.k_bias = init_param(rngs, (k * h,), pd, ("kv_heads",), zeros=True)
+      self.v_bias = init_param(rngs, (k * h,), pd, ("kv_heads",), zeros=True)
     if cfg.qk_norm:  # Qwen3: RMSNorm over each head's H features, before RoPE
       self.q_norm = RMSNorm(h, cfg.rms_norm_eps, pd, rngs=rngs)
       self.k_norm = RMSNorm(h, cfg.rms_norm_eps, pd, rngs=rngs)
@@ -254,9 +254,9 @@ class MLP(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     d, f = cfg.hidden_size, cfg.intermediate_size
     pd = as_dtype(cfg.param_dtype)
-    self.gate = _param(rngs, (d, f), pd, ("embed", "mlp"))
-    self.up = _param(rngs, (d, f), pd, ("embed", "mlp"))
-    self.down = _param(rngs, (f, d), pd, ("mlp", "embed"))
+    self.gate = init_param(rngs, (d, f), pd, ("embed", "mlp"))
+    self.up = init_param(rngs, (d, f), pd, ("embed", "mlp"))
+    self.down = init_param(rngs, (f, d), pd, ("mlp", "embed"))
 
   def __call__(self, x):
     dt = x.dtype
@@ -289,11 +289,11 @@ class Transformer(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     pd = as_dtype(cfg.param_dtype)
-    self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), pd, ("vocab", "embed"))
+    self.embed = init_param(rngs, (cfg.vocab_size, cfg.hidden_size), pd, ("vocab", "embed"))
     self.layers = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs=rngs)
     if not cfg.tie_embeddings:
-      self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), pd, ("embed", "vocab"))
+      self.lm_head = init_param(rngs, (cfg.hidden_size, cfg.vocab_size), pd, ("embed", "vocab"))
 
   def init_cache(self, batch: int, length: int, dtype=None) -> Cache:
     """A zero KV cache of S = length slots for B = batch rows."""

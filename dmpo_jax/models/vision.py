@@ -24,6 +24,7 @@ D vision width, N heads, H head dim, F ffn, E the language model's width.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Mapping
 
 import jax
@@ -32,8 +33,9 @@ import numpy as np
 from flax import nnx
 
 from dmpo_jax.models.config import as_dtype
-from dmpo_jax.models.hf import CheckpointError
-from dmpo_jax.models.transformer import RMSNorm, _param, attend, dense, rope, swiglu
+from dmpo_jax.models.transformer import RMSNorm, attend, dense, init_param, rope, swiglu
+from dmpo_jax.models.weights import (CheckpointError, load_into, read_json, read_tensor,
+                                     safetensor_files)
 
 _NORM_EPS = 1e-6  # fixed in the architecture (not a config field)
 
@@ -223,10 +225,10 @@ class VisionAttention(nnx.Module):
     d, pd = cfg.hidden_size, as_dtype(cfg.param_dtype)
     self.cfg = cfg
     for name in ("q", "k", "v"):
-      setattr(self, name, _param(rngs, (d, d), pd, ("embed", "heads")))
-      setattr(self, name + "_bias", _param(rngs, (d,), pd, ("heads",), zeros=True))
-    self.o = _param(rngs, (d, d), pd, ("heads", "embed"))
-    self.o_bias = _param(rngs, (d,), pd, ("embed",), zeros=True)
+      setattr(self, name, init_param(rngs, (d, d), pd, ("embed", "heads")))
+      setattr(self, name + "_bias", init_param(rngs, (d,), pd, ("heads",), zeros=True))
+    self.o = init_param(rngs, (d, d), pd, ("heads", "embed"))
+    self.o_bias = init_param(rngs, (d,), pd, ("embed",), zeros=True)
 
   def __call__(self, x, tables, mask):
     """x [P, D]; tables from `vision_rope_tables`; mask [P, P] bool -> [P, D]."""
@@ -245,12 +247,12 @@ class VisionMLP(nnx.Module):
 
   def __init__(self, cfg: VisionConfig, *, rngs: nnx.Rngs):
     d, f, pd = cfg.hidden_size, cfg.intermediate_size, as_dtype(cfg.param_dtype)
-    self.gate = _param(rngs, (d, f), pd, ("embed", "mlp"))
-    self.gate_bias = _param(rngs, (f,), pd, ("mlp",), zeros=True)
-    self.up = _param(rngs, (d, f), pd, ("embed", "mlp"))
-    self.up_bias = _param(rngs, (f,), pd, ("mlp",), zeros=True)
-    self.down = _param(rngs, (f, d), pd, ("mlp", "embed"))
-    self.down_bias = _param(rngs, (d,), pd, ("embed",), zeros=True)
+    self.gate = init_param(rngs, (d, f), pd, ("embed", "mlp"))
+    self.gate_bias = init_param(rngs, (f,), pd, ("mlp",), zeros=True)
+    self.up = init_param(rngs, (d, f), pd, ("embed", "mlp"))
+    self.up_bias = init_param(rngs, (f,), pd, ("mlp",), zeros=True)
+    self.down = init_param(rngs, (f, d), pd, ("mlp", "embed"))
+    self.down_bias = init_param(rngs, (d,), pd, ("embed",), zeros=True)
 
   def __call__(self, x):
     dt = x.dtype
@@ -280,10 +282,10 @@ class PatchMerger(nnx.Module):
     pd = as_dtype(cfg.param_dtype)
     wide = cfg.hidden_size * cfg.merge_unit
     self.norm = RMSNorm(cfg.hidden_size, _NORM_EPS, pd, rngs=rngs)
-    self.fc1 = _param(rngs, (wide, wide), pd, ("merged", "mlp"))
-    self.fc1_bias = _param(rngs, (wide,), pd, ("mlp",), zeros=True)
-    self.fc2 = _param(rngs, (wide, cfg.out_hidden_size), pd, ("mlp", "embed"))
-    self.fc2_bias = _param(rngs, (cfg.out_hidden_size,), pd, ("embed",), zeros=True)
+    self.fc1 = init_param(rngs, (wide, wide), pd, ("merged", "mlp"))
+    self.fc1_bias = init_param(rngs, (wide,), pd, ("mlp",), zeros=True)
+    self.fc2 = init_param(rngs, (wide, cfg.out_hidden_size), pd, ("mlp", "embed"))
+    self.fc2_bias = init_param(rngs, (cfg.out_hidden_size,), pd, ("embed",), zeros=True)
     self.unit = cfg.merge_unit
 
   def __call__(self, x):
@@ -302,7 +304,7 @@ class VisionTower(nnx.Module):
   def __init__(self, cfg: VisionConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     pd = as_dtype(cfg.param_dtype)
-    self.patch_embed = _param(rngs, (cfg.patch_dim, cfg.hidden_size), pd, ("patch", "embed"))
+    self.patch_embed = init_param(rngs, (cfg.patch_dim, cfg.hidden_size), pd, ("patch", "embed"))
     self.blocks = nnx.List([VisionBlock(cfg, rngs=rngs) for _ in range(cfg.depth)])
     self.merger = PatchMerger(cfg, rngs=rngs)
 
@@ -388,7 +390,7 @@ def vision_config_from_hf(hf: Mapping[str, Any], *, dtype: str = "float32",
     raise CheckpointError(f"vision_config: {e}") from e
 
 
-def _vision_name_map(cfg: VisionConfig) -> dict[tuple, tuple[str, str]]:
+def vision_name_map(cfg: VisionConfig) -> dict[tuple, tuple[str, str]]:
   """Our parameter path -> (HF name under the vision prefix, how to convert):
   'T' transpose a torch Linear [out, in]; 'q'/'k'/'v' take that third of the fused qkv
   (then transpose); 'conv' flatten the Conv3d kernel; '' as is."""
@@ -423,69 +425,48 @@ def vision_prefix(names) -> str:
   return found.pop()
 
 
-def _convert(value, how: str, cfg: VisionConfig):
+def _converter(full: str, how: str, cfg: VisionConfig):
+  """The function turning the stored tensor `full` into our layout (see vision_name_map)."""
   if how == "conv":
-    return value.reshape(value.shape[0], -1).T
+    def conv(value):
+      if value.ndim != 5:
+        raise CheckpointError(f"tensor {full} has shape {tuple(value.shape)}; expected a Conv3d "
+                              "kernel [D, channels, T, p, p]")
+      return value.reshape(value.shape[0], -1).T
+    return conv
   if how in ("q", "k", "v"):
-    d = cfg.hidden_size
-    part = value[d * "qkv".index(how):d * ("qkv".index(how) + 1)]
-    return part.T if part.ndim == 2 else part
-  return value.T if how == "T" else value
+    d, i = cfg.hidden_size, "qkv".index(how)
+    def part(value):
+      if value.shape[0] != 3 * d:
+        raise CheckpointError(f"tensor {full} has shape {tuple(value.shape)}; the config expects "
+                              f"{3 * d} rows (3 x hidden_size)")
+      third = value[d * i:d * (i + 1)]
+      return third.T if third.ndim == 2 else third
+    return part
+  return how  # "T" or "": load_into's own conversions
 
 
-def load_vision_params(tensors: Mapping[str, Any], cfg: VisionConfig) -> VisionTower:
+def load_vision_params(tensors: Mapping[str, Any], cfg: VisionConfig,
+                       where: str = "the checkpoint") -> VisionTower:
   """A VisionTower for `cfg` filled from `tensors` (safetensors name -> array, the whole
   checkpoint or only its vision part). Tensors outside the vision prefix are left alone;
   a missing or unexpected vision tensor, or a wrong shape, is an error naming it."""
   prefix = vision_prefix(tensors)
-  names = _vision_name_map(cfg)
-  expected = {prefix + hf_name for hf_name, _ in names.values()}
-  unexpected = sorted(n for n in tensors if n.startswith(prefix) and n not in expected)
-  if unexpected:
-    raise CheckpointError(f"unexpected vision tensor(s): {', '.join(unexpected[:10])}"
-                          f"{' ...' if len(unexpected) > 10 else ''}")
+  names = {ours: (prefix + name, _converter(prefix + name, how, cfg))
+           for ours, (name, how) in vision_name_map(cfg).items()}
+  read = lambda name: (tensors[name] if isinstance(tensors[name], jax.Array)
+                       else np.asarray(tensors[name]))
   abstract = nnx.eval_shape(lambda: VisionTower(cfg, rngs=nnx.Rngs(0)))
-  graphdef, state = nnx.split(abstract)
-  pure = nnx.to_pure_dict(state)
-  pd = as_dtype(cfg.param_dtype)
-  for ours, (hf_name, how) in names.items():
-    full = prefix + hf_name
-    if full not in tensors:
-      raise CheckpointError(f"vision tensor {full} is missing")
-    value = np.asarray(tensors[full]) if not isinstance(tensors[full], jax.Array) else tensors[full]
-    if how in ("q", "k", "v") and value.shape[0] != 3 * cfg.hidden_size:
-      raise CheckpointError(f"tensor {full} has shape {tuple(value.shape)}; the config expects "
-                            f"{3 * cfg.hidden_size} rows (3 x hidden_size)")
-    if how == "conv" and value.ndim != 5:
-      raise CheckpointError(f"tensor {full} has shape {tuple(value.shape)}; expected a Conv3d "
-                            "kernel [D, channels, T, p, p]")
-    value = _convert(value, how, cfg)
-    node = pure
-    for key in ours[:-1]:
-      node = node[key]
-    want = tuple(node[ours[-1]].shape)
-    if tuple(value.shape) != want:
-      raise CheckpointError(f"tensor {full} has shape {tuple(tensors[full].shape)}, which does "
-                            f"not give the model's {want} for {'/'.join(map(str, ours))}")
-    node[ours[-1]] = jnp.asarray(value, pd)
-  nnx.replace_by_pure_dict(state, pure)
-  return nnx.merge(graphdef, state)
+  return load_into(abstract, names, read, tensors, where, param_dtype=cfg.param_dtype,
+                   ignore=lambda n: not n.startswith(prefix), what="vision tensor")
 
 
 def load_vision(path: str, *, dtype: str = "float32",
                 param_dtype: str | None = None) -> VisionTower:
   """The vision tower of a local Qwen2.5-VL folder (config.json + safetensors, either layout)."""
-  import json
-  import os
-
-  from dmpo_jax.models.hf import _read_tensor, _safetensor_files
-
   cfg_file = os.path.join(path, "config.json")
-  if not os.path.exists(cfg_file):
-    raise CheckpointError(f"{cfg_file} is missing")
-  with open(cfg_file) as f:
-    cfg = vision_config_from_hf(json.load(f), dtype=dtype, param_dtype=param_dtype)
-  files = _safetensor_files(path)
+  cfg = vision_config_from_hf(read_json(cfg_file), dtype=dtype, param_dtype=param_dtype)
+  files = safetensor_files(path)
   prefix = vision_prefix(files)
-  tensors = {n: _read_tensor(f, n) for n, f in files.items() if n.startswith(prefix)}
-  return load_vision_params(tensors, cfg)
+  tensors = {n: read_tensor(f, n) for n, f in files.items() if n.startswith(prefix)}
+  return load_vision_params(tensors, cfg, path)

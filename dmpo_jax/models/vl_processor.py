@@ -18,11 +18,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dmpo_jax.models.hf import CheckpointError
+from dmpo_jax.models.hf_text import load_tokenizer
+from dmpo_jax.models.weights import CheckpointError
 
 IMAGE_TOKEN = "<|image_pad|>"
 PROCESSOR_FILE = "preprocessor_config.json"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
 def image_processor_class():
@@ -72,15 +73,14 @@ class VLProcessor:
   @classmethod
   def from_folder(cls, path: str, *, patch_budget: int | None = None) -> "VLProcessor":
     """The processor of a local folder (tokenizer files + preprocessor_config.json)."""
-    from dmpo_jax.models.hf import load_tokenizer
 
     if not os.path.isdir(path):
       raise CheckpointError(f"processor folder {path!r} does not exist")
     if not os.path.exists(os.path.join(path, PROCESSOR_FILE)):
       raise CheckpointError(f"{os.path.join(path, PROCESSOR_FILE)} is missing: the folder has no "
                             "image processor")
-    if not any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES):
-      raise CheckpointError(f"{path} has no tokenizer file (one of {', '.join(_TOKENIZER_FILES)})")
+    if not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
+      raise CheckpointError(f"{path} has no tokenizer file (one of {', '.join(TOKENIZER_FILES)})")
     image_processor = image_processor_class().from_pretrained(path, local_files_only=True)
     proc = cls(load_tokenizer(path), image_processor, patch_budget=patch_budget)
     cfg_file = os.path.join(path, "config.json")

@@ -20,9 +20,9 @@ import signal
 import jax
 import orbax.checkpoint as ocp
 
-
-class CheckpointError(RuntimeError):
-  """A checkpoint cannot be used with this run (another model shape, corrupt, ...)."""
+# The one error for a checkpoint that cannot be used (another model shape, damaged, ...),
+# shared with the model loaders.
+from dmpo_jax.models.weights import CheckpointError  # noqa: F401
 
 
 REFERENCE = "reference"  # folder of the reference policy inside the checkpoint directory

@@ -15,6 +15,7 @@ import hashlib
 import numpy as np
 
 from dmpo_jax import tasks as tasks_lib
+from dmpo_jax.models import chat
 from dmpo_jax.tasks import diversity, optima
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.tasks import scoring
@@ -175,6 +176,10 @@ class PromptEncoder:
     self.bos = getattr(tokenizer, "bos_token_id", None)
     self.eos = tokenizer.eos_token_id
     self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    # In the chat format an answer ends with the template's end-of-turn token (sampling
+    # stops there, SFT targets end with it), which need not be the tokenizer's EOS.
+    self.stop_ids = chat.end_of_turn_ids(tokenizer) if chat_template else ()
+    self.end = self.stop_ids[0] if self.stop_ids else self.eos
 
   def prompt_text(self, key: str, q: dict) -> str:
     return tasks_lib.get(key).prompt(q, self.style)
@@ -182,9 +187,7 @@ class PromptEncoder:
   def encode(self, key: str, q: dict) -> list[int]:
     text = self.prompt_text(key, q)
     if self.chat:
-      ids = self.tok.apply_chat_template([{"role": "user", "content": text}],
-                                         add_generation_prompt=True, tokenize=True)
-      ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5: a BatchEncoding
+      ids = chat.encode_chat(self.tok, text)
     else:
       ids = self.tok.encode(text, add_special_tokens=False)
       if self.bos is not None:
@@ -195,16 +198,16 @@ class PromptEncoder:
     return ids
 
   def answer_ids(self, key: str, solution) -> list[int]:
-    """SFT target: the formatted answer then EOS."""
+    """SFT target: the formatted answer then EOS (the end-of-turn token in the chat format)."""
     text = tasks_lib.get(key).format_answer(solution)
-    return self.tok.encode(text, add_special_tokens=False) + [self.eos]
+    return self.tok.encode(text, add_special_tokens=False) + [self.end]
 
   def texts(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
     """Completion rows -> the text the verifier reads."""
     out = []
     prefix = "Answer: " if self.style in ("compact", "image") else ""  # the prompt ends with it
     for row, m in zip(tokens, mask):
-      ids = [int(t) for t, v in zip(row, m) if v and t != self.eos]
+      ids = [int(t) for t, v in zip(row, m) if v and t != self.eos and t not in self.stop_ids]
       out.append(prefix + self.tok.decode(ids, skip_special_tokens=True))
     return out
 
