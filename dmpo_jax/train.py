@@ -58,11 +58,11 @@ __all__ = ["train", "setup", "Run", "TrainingError", "build_model", "model_shape
            "check_config", "make_optimizer", "micro_batches", "auto_micro_batches", "make_sampler"]
 
 
-def define_flags(fv=FLAGS):
+def define_flags(fv=FLAGS, argv=None):
   """CLI flags (defined only when run as a program, so other tools can import this module;
-  tests pass their own FlagValues)."""
+  tests pass their own FlagValues and the argv whose --config.<field> overrides apply)."""
   config_flags.DEFINE_config_file("config", None, "Training config (a .py file).", flag_values=fv,
-                                  lock_config=True)
+                                  lock_config=True, sys_argv=argv)
   flags.DEFINE_string("workdir", None, "Output folder; an existing run there is resumed.", flag_values=fv)
   flags.DEFINE_list("allow_config_change", [], "fields a resume may change (logging, checkpoint "
                     "cadence, mesh: training/config.py SAFE_TO_CHANGE)", flag_values=fv)
@@ -76,6 +76,9 @@ def define_flags(fv=FLAGS):
                        flag_values=fv)
 
 
+
+
+EVAL_KEYS = ("per_task", "categories", "overall", "solved")  # an eval_*.json that lacks one is damaged
 
 
 class TrainingError(RuntimeError):
@@ -93,7 +96,7 @@ def train(cfg, workdir: str, allow_config_change=()) -> dict:
     state, stopped = sft_stage(run, state, stop)
     if stopped:
       return run.close_stopped(state)
-    before = run.timed("eval", run.evaluate, "before", state)
+    before = run.timed("eval", run.evaluate, "before", run.sft_end_state(state))
     if cfg.rl.steps and state.step == cfg.sft.steps:  # a fresh optimizer for RL
       state = dataclasses.replace(state, opt_state=run.init_opt(run.rl_opt, state.params))
     state, stopped = rl_stage(run, state, stop)
@@ -266,7 +269,7 @@ class Run:
     evaluation is read back, not redone)."""
     path = os.path.join(self.workdir, f"eval_{name}.json")
     if dist.agree(os.path.exists(path)):  # every process takes the same branch
-      res, why = report.read_result(path, ("per_task", "categories", "overall", "solved"))
+      res, why = report.read_result(path, EVAL_KEYS)
       if res is not None:
         return res
       print(f"warning: {path} is damaged ({why}); evaluating again", flush=True)
@@ -290,6 +293,20 @@ class Run:
     if dist.is_main():
       report.write_json(res, path)
     return res
+
+  def sft_end_state(self, state: TrainState) -> TrainState:
+    """The state whose policy "before RL" evaluates: `state` at the end of SFT; past it (a
+    resume whose eval_before.json is damaged), the params of the checkpoint at sft.steps."""
+    path = os.path.join(self.workdir, "eval_before.json")
+    sft_end = self.cfg.sft.steps
+    if state.step <= sft_end or report.read_result(path, EVAL_KEYS)[0] is not None:
+      return state
+    if sft_end not in self.ckpt.mngr.all_steps():
+      raise TrainingError(f"{path} is missing or damaged and the policy it scores (checkpoint "
+                          f"{sft_end}, the end of SFT) is no longer kept; restore the file or "
+                          "train in another --workdir")
+    params, _ = self.ckpt.restore_params(sft_end, state.params, self.model_shape)
+    return dataclasses.replace(state, params=params)
 
   def log(self, state: TrainState, stage: str, row: dict, last: int, progress: dict) -> None:
     """A metrics row every config.log.every steps and at the stage's last; the progress bar."""

@@ -61,6 +61,11 @@ def _from_keyed(path: str, obj: dict) -> list[dict]:
   return records
 
 
+def _int(digits: str):
+  """JSON integers; one too long for Python's int() stays text, for the record's check to name."""
+  return int(digits) if len(digits) <= 1000 else digits
+
+
 def _parse_file(path: str) -> tuple[list, list[str]]:
   """(records, their names for messages) of a keyed object, a JSON list or JSON Lines."""
   if not os.path.isfile(path):
@@ -73,7 +78,7 @@ def _parse_file(path: str) -> tuple[list, list[str]]:
   if not text.strip():
     raise DataError(f"{path}: the file is empty")
   try:
-    obj = json.loads(text)
+    obj = json.loads(text, parse_int=_int)
   except json.JSONDecodeError as whole:
     if text.lstrip().startswith("["):
       raise DataError(f"{path}: not JSON ({whole})") from whole
@@ -82,7 +87,7 @@ def _parse_file(path: str) -> tuple[list, list[str]]:
       if not line.strip():
         continue
       try:
-        records.append(json.loads(line))
+        records.append(json.loads(line, parse_int=_int))
       except json.JSONDecodeError as e:
         raise DataError(f"{path}: line {n} is not JSON ({e.msg}, column {e.colno})") from e
       names.append(f"on line {n}")
