@@ -23,6 +23,11 @@ NP-Bench counts a problem as solved when a sample's ratio is above 0; SR
 here counts feasible samples, which differs only for a feasible answer of
 value 0 on a maximisation task (an empty independent set or schedule).
 
+Bad input (a flag out of range, --k above --samples, a file record whose question,
+ground truth, prompt or key is wrong, a prompt longer than the model's context) is
+refused before anything is sampled or written: one line naming the flag, or the file,
+record and field, and exit status 2 (--verbose adds the traceback).
+
 A vision-language policy (a Qwen2.5-VL folder, or a workdir of configs/mm_nphard.py)
 is scored on the same instances in each of --modalities (default for such a policy:
 image,blank,text): "image" draws the instance (--style image or npbench_image; the

@@ -13,6 +13,9 @@ step, PRNG key, counters; the data position is the step, since data is a
 pure function of (seed, step)) and, for objectives that read one, the
 reference policy; finished evaluations and the DPH store are files.
 SIGINT/SIGTERM save a checkpoint and exit cleanly.
+The config is checked before anything is built or written, and a rerun must
+match the workdir's config.json (training/config.py; --allow_config_change for
+logging and checkpoint cadence); bad input is one line and exit status 2.
 
 Workdir: config.json, checkpoints/ (steps, and reference/), metrics.jsonl,
 tb/, eval_before.json, eval_after.json, results.json, dph_store.npz,

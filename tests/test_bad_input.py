@@ -296,7 +296,7 @@ def test_refused_resumes_leave_the_workdir_as_it_was(finished, tmp_path, capsys)
 def test_evaluate_any_k_and_prompts_past_the_context(finished, tmp_path, capsys):
   out = tmp_path / "out"
   code, err = evaluate_cli([f"--hf={finished}/hf", "--k=2", "--samples=2", "--num=1", "--tasks=TSP",
-                            "--style=compact", "--max_new_tokens=8", f"--out={out}"], capsys)
+                            "--style=compact", "--level=tiny", "--max_new_tokens=8", f"--out={out}"], capsys)
   assert code == 0, err[-2000:]
   assert "QR@2" in json.loads((out / "eval.json").read_text())["overall"]
   big = npbench_record("TSP", prompt="x " * 40_000)
@@ -326,12 +326,14 @@ def test_damaged_latest_checkpoint_falls_back_and_ends_like_an_uninterrupted_run
   meta.write_bytes(meta.read_bytes()[:94])  # truncated mid-record
   with open(wd / "metrics.jsonl", "a") as f:
     f.write('{"step": 6, "stage": "rl", "rew')  # a write cut short
+  (wd / "checkpoints" / "7").mkdir()  # an empty step folder
   capsys.readouterr()
   train_lib.train(smoke(), str(wd))
   out = capsys.readouterr().out
+  assert f"skipping checkpoint {wd}/checkpoints/7 ({wd}/checkpoints/7/_CHECKPOINT_METADATA: missing)" in out
   assert f"skipping checkpoint {wd}/checkpoints/5 ({meta}: JSONDecodeError" in out
-  assert "resuming from step 4" in out and "resumed" in out and "partial last line" in out
-  assert os.listdir(f"{wd}/checkpoints.damaged")[0].startswith("5-")
+  assert f"resumed {wd} at step 4" in out and "partial last line (31 bytes) dropped" in out
+  assert sorted(n.split("-")[0] for n in os.listdir(f"{wd}/checkpoints.damaged")) == ["5", "7"]
   a, b = saved_state(finished, 6), saved_state(wd, 6)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)

@@ -75,7 +75,8 @@ def metrics_cut(path: str, resume_step: int | None) -> tuple[int | None, str | N
     if last or (row == "damaged" and all(not l.strip() for l in lines[i + 1:])):
       return offset, f"partial last line ({len(line)} bytes) dropped"
     if isinstance(row, dict) and resume_step is not None and row.get("step", -1) > resume_step:
-      return offset, None
+      partial = not data.endswith(b"\n")
+      return offset, (f"partial last line ({len(lines[-1])} bytes) dropped" if partial else None)
     offset += len(line) + 1
   return None, None
 
