@@ -347,7 +347,7 @@ def flag_error(e: BaseException, argv) -> str:
               + (f"; did you mean {parent + hint.group(1)!r}?" if hint else ""))
   if "Traceback" in raw:  # the config file's own error is the traceback's last line
     last = [l.strip() for l in raw.splitlines() if l.strip()][-1]
-    flag = next((a for a in argv if a.startswith("--config=")), "--config")
+    flag = ([a for a in argv if a.startswith("--config=")] or ["--config"])[-1]  # absl: the last wins
     return f"{flag}: {re.sub(r'^[A-Za-z_.]*(Error|Exception): ', '', last)}"
   text = " ".join(raw.split())
   return re.sub(r"^flag (--\S+)", r"\1", text)
