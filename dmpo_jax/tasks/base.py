@@ -164,7 +164,7 @@ class Task:
     """The parsed instance, cached by identity (instances are not mutated); the question is
     checked against the task's shape the first time (`check_instance`)."""
     if not isinstance(instance, dict):
-      raise InvalidInstance(f"{self.key}: the question must be an object, got {type(instance).__name__}")
+      raise TypeError(f"{self.key}: instance must be a question dict, got {type(instance).__name__}")
     hit = self._cache.get(id(instance))
     if hit is not None and hit[0] is instance:
       self._cache.move_to_end(id(instance))
