@@ -49,7 +49,6 @@ from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.objectives import flowrl, presets, terms
 from dmpo_jax.sampling import sampler as sampler_lib
 from dmpo_jax.tasks import diversity
-from dmpo_jax.tasks import optima as optima_lib
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.training import dph
 from dmpo_jax.training.rollout import collect_rollouts, make_sampler
@@ -77,8 +76,6 @@ def define_flags(fv=FLAGS, argv=None):
                        flag_values=fv)
   flags.DEFINE_integer("process_id", None, "multi-process: this process's index (or JAX_PROCESS_ID)",
                        flag_values=fv)
-
-
 
 
 EVAL_KEYS = ("per_task", "categories", "overall", "solved")  # an eval_*.json that lacks one is damaged
