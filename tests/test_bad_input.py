@@ -109,17 +109,25 @@ def test_bad_config_is_one_line_and_writes_nothing(args, expected, tmp_path, cap
   assert not wd.exists()  # no stray empty workdir
 
 
-def test_every_config_field_is_declared():
+def test_every_config_field_is_declared(tmp_path):
   """Each field of each config in configs/ has a SCHEMA entry and passes it (a new field
   without a declaration fails here, not in a user's run)."""
   import sys
   sys.path.insert(0, os.path.join(REPO, "configs"))
   import collapse
+  import llama3_dph
   import mm_nphard
+  import mm_nphard_qwen
   import nphard
+  import nphard_qwen
+  folder = str(tmp_path)  # the HF configs take a local folder; it only has to exist here
   for cfg in (nphard.get_config(), nphard.get_config("smoke"), collapse.get_config(),
-              collapse.get_config("smoke,pool=4"), mm_nphard.get_config("smoke")):
+              collapse.get_config("smoke,pool=4"), mm_nphard.get_config(), mm_nphard.get_config("smoke"),
+              nphard_qwen.get_config(folder), llama3_dph.get_config(folder),
+              mm_nphard_qwen.get_config(folder)):
     config_lib.check_fields(cfg)
+  with pytest.raises(config_lib.ConfigError, match="config.model.init='/no/such/folder': must be 'scratch' or"):
+    config_lib.check_fields(nphard_qwen.get_config("/no/such/folder"))
   cfg = nphard.get_config("smoke")
   with cfg.unlocked():
     cfg.rl.new_field = 1
@@ -356,6 +364,24 @@ def test_damaged_eval_file_is_recomputed_and_results_match(finished, tmp_path, c
   before.write_text("{}")
   with pytest.raises(train_lib.TrainingError, match="eval_before.json is missing or damaged"):
     train_lib.train(smoke(), str(wd))
+
+
+@pytest.mark.slow
+def test_a_failing_plot_loses_nothing(finished, tmp_path, capsys, monkeypatch):
+  """The end of a run writes results.json and the HF export before the plots; a plot that
+  fails is a warning (rerun of a finished copy: the evaluations are read back)."""
+  from dmpo_jax.training import report
+  wd = copy_of(finished, tmp_path)
+  for f in ("results.json", "before_after.png"):
+    os.remove(wd / f)
+  shutil.rmtree(wd / "hf")
+  def broken(*args, **kw):
+    raise RuntimeError("no display")
+  monkeypatch.setattr(report, "plot_before_after", broken)
+  res = train_lib.train(smoke(), str(wd))
+  assert f"warning: could not draw {wd}/before_after.png (RuntimeError: no display)" in capsys.readouterr().out
+  assert json.loads((wd / "results.json").read_text())["after"] == res["after"]
+  assert (wd / "hf" / "model.safetensors").exists() and not (wd / "before_after.png").exists()
 
 
 @pytest.mark.slow
