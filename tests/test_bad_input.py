@@ -335,6 +335,12 @@ def test_damaged_latest_checkpoint_falls_back_and_ends_like_an_uninterrupted_run
   with open(wd / "metrics.jsonl", "a") as f:
     f.write('{"step": 6, "stage": "rl", "rew')  # a write cut short
   (wd / "checkpoints" / "7").mkdir()  # an empty step folder
+  before = snapshot(wd)
+  capsys.readouterr()
+  code, err = evaluate_cli([f"--workdir={wd}", "--num=1", "--tasks=TSP", "--samples=2", "--k=2",
+                            f"--out={tmp_path / 'eval'}"], capsys)  # reads, never moves
+  assert code == 0, err[-2000:]
+  assert snapshot(wd) == before and (tmp_path / "eval" / "eval.json").exists()
   capsys.readouterr()
   train_lib.train(smoke(), str(wd))
   out = capsys.readouterr().out
