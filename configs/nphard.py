@@ -50,6 +50,8 @@ def get_config(arg: str | None = None):
   c.sft = config_dict.ConfigDict(dict(
       steps=400, batch_size=32, lr=2e-3, warmup=40, solutions_per_instance=4,
       targets="sampled",       # or "optimal": drawn uniformly from the enumerated optima
+      freeze_vision=True,      # a vision-language policy's tower gets no update (text models: unused)
+      vision_lr_scale=1.0,     # a trained tower's learning rate / the language model's
   ))
   c.dph = config_dict.ConfigDict(dict(   # DPH-RL pre-sampling (dph_* presets only)
       num_prompts=64, samples=8, correct="feasible",  # or "optimal"; sampled at rl.temperature
@@ -71,6 +73,9 @@ def get_config(arg: str | None = None):
                                # 0 = auto: one per group on a CPU when exact (train.micro_batches)
       nonfinite_patience=3,    # stop after this many non-finite steps in a row
       check_recompile=True,    # error if the update recompiles after its first step
+      freeze_vision=True,      # as sft.freeze_vision, for RL
+      vision_lr_scale=1.0,
+      log_term_grads=0,        # N >= 1: log the terms' gradient norms every N-th RL step (0: never)
   ))
   # Overrides of the preset's objective fields (None = the preset's default).
   c.rl.objective = config_dict.ConfigDict(

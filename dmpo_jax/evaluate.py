@@ -23,6 +23,11 @@ NP-Bench counts a problem as solved when a sample's ratio is above 0; SR
 here counts feasible samples, which differs only for a feasible answer of
 value 0 on a maximisation task (an empty independent set or schedule).
 
+Bad input (a flag out of range, --k above --samples, a file record whose question,
+ground truth, prompt or key is wrong, a prompt longer than the model's context) is
+refused before anything is sampled or written: one line naming the flag, or the file,
+record and field, and exit status 2 (--verbose adds the traceback).
+
 A vision-language policy (a Qwen2.5-VL folder, or a workdir of configs/mm_nphard.py)
 is scored on the same instances in each of --modalities (default for such a policy:
 image,blank,text): "image" draws the instance (--style image or npbench_image; the
@@ -48,12 +53,14 @@ from flax import nnx
 from ml_collections import config_dict
 
 from dmpo_jax.training import checkpoint as ckpt_lib
+from dmpo_jax.training import config as config_lib
 from dmpo_jax.training import evaluation, pipeline, report
 from dmpo_jax import multimodal
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import hf
 from dmpo_jax.objectives import presets
 from dmpo_jax.sampling import sampler as sampler_lib
+from dmpo_jax.tasks import base as tasks_base
 from dmpo_jax.tasks import data as data_lib
 from dmpo_jax.tasks import rewards as rewards_lib
 
@@ -82,7 +89,36 @@ flags.DEFINE_list("modalities", None, "vision-language policies: any of image,bl
 flags.DEFINE_integer("image_size", None, "render size in pixels (default: the workdir's, else 448)")
 flags.DEFINE_integer("patch_budget", None, "image patches per prompt (default: the workdir's, "
                      "else the largest image's)")
+flags.DEFINE_bool("verbose", False, "print the traceback of an error, not only its message")
 FLAGS = flags.FLAGS
+USAGE = 2  # the exit status of bad input (one line on stderr; the traceback with --verbose)
+
+
+def check_flags() -> None:
+  """The flags' ranges, before a model is loaded or a file written; a UsageError names the flag."""
+  samples = FLAGS.samples if (FLAGS["samples"].present or not FLAGS.npbench_file) else 3
+  for name, lo in (("samples", 1), ("k", 1), ("num", 1), ("batch_prompts", 1)):
+    if FLAGS[name].value < lo:
+      raise app.UsageError(f"--{name}={FLAGS[name].value} must be >= {lo}")
+  if FLAGS.k > samples:
+    raise app.UsageError(f"--k={FLAGS.k} exceeds --samples={samples} (best-of-k needs k <= samples)")
+  if not (FLAGS.temperature > 0 and FLAGS.temperature < float("inf")):
+    raise app.UsageError(f"--temperature={FLAGS.temperature} must be a finite number > 0")
+  for name in ("max_new_tokens", "max_prompt_len", "image_size", "patch_budget"):
+    if FLAGS[name].value is not None and FLAGS[name].value < 1:
+      raise app.UsageError(f"--{name}={FLAGS[name].value} must be >= 1")
+  if FLAGS.compat not in tasks_base.COMPAT:
+    raise app.UsageError(f"--compat={FLAGS.compat!r}: choose one of {tasks_base.COMPAT}")
+  styles = tasks_base.PROMPT_STYLES + tasks_base.IMAGE_STYLES
+  if FLAGS.style is not None and FLAGS.style not in styles:
+    raise app.UsageError(f"--style={FLAGS.style!r}: choose one of {styles}")
+  if FLAGS.level is not None and FLAGS.level not in tasks_base.LEVELS:
+    raise app.UsageError(f"--level={FLAGS.level!r}: choose one of {tasks_base.LEVELS}")
+  unknown = [k for k in FLAGS.tasks.split(",") if FLAGS.tasks != "all" and k not in tasks_lib.names()]
+  if unknown:
+    raise app.UsageError(f"--tasks: unknown task(s) {unknown}; choose 'all' or keys of {tasks_lib.names()}")
+  if FLAGS.npbench_file:  # the file is read (and each record checked) before the model loads
+    data_lib.read_npbench(FLAGS.npbench_file)
 
 
 def load_policy():
@@ -96,14 +132,16 @@ def load_policy():
     graphdef, state = nnx.split(model)
     return graphdef, state, tok, {}
   from dmpo_jax import train as train_lib
-  cfg_path = os.path.join(FLAGS.workdir, "config.json")
-  if not os.path.exists(cfg_path):
+  saved = config_lib.saved_config(FLAGS.workdir)
+  if saved is None:
     raise app.UsageError(f"{FLAGS.workdir} is not a training workdir (no config.json)")
-  cfg = config_dict.ConfigDict(report.read_json(cfg_path))
+  cfg = config_dict.ConfigDict(saved)
   model, tok = train_lib.build_model(cfg)
   graphdef, state = nnx.split(model)
+  if not os.path.isdir(os.path.join(FLAGS.workdir, "checkpoints")):
+    raise app.UsageError(f"{FLAGS.workdir} has no checkpoint yet")
   ck = ckpt_lib.Checkpointer(os.path.join(FLAGS.workdir, "checkpoints"))
-  step = ck.latest_step()
+  step = ck.usable_step(set_aside=False)  # read only: a damaged newer step is reported, not moved
   if step is None:
     raise app.UsageError(f"{FLAGS.workdir} has no checkpoint yet")
   params = {"model": state}
@@ -135,12 +173,31 @@ class FilePromptEncoder(pipeline.PromptEncoder):
     return text
 
 
+RECORD_NAMES: dict = {}  # id(question) -> the file's record name, for messages
+
+
+def prompt_lengths(encoder, groups: dict, max_new_tokens: int, context: int) -> int:
+  """The longest prompt's length in tokens; a UsageError names the first record (or task)
+  whose prompt and completion do not fit the model's context (max_position_embeddings)."""
+  longest = 0
+  for items, _, _ in groups.values():
+    for k, q in items:
+      n = len(encoder.encode(k, q))
+      if n + max_new_tokens > context:
+        where = (f"{FLAGS.npbench_file}: record {RECORD_NAMES[id(q)]}: prompt"
+                 if id(q) in RECORD_NAMES else f"a {k} prompt")
+        raise app.UsageError(f"{where} has {n} tokens; with --max_new_tokens={max_new_tokens} "
+                             f"that exceeds the model's context of {context} positions")
+      longest = max(longest, n)
+  return longest
+
+
 def file_protocol(style: str, default_level: str) -> tuple[dict, dict]:
   """The NP-Bench protocol for --npbench_file: {level: (items, ground truths, prompts)} and
   a description of the settings used (explicit flags override NP-Bench's)."""
-  records = data_lib.read_npbench(FLAGS.npbench_file)
+  records, names = data_lib.read_npbench_named(FLAGS.npbench_file)  # each record checked
   groups: dict = {}
-  for r in records:
+  for name, r in zip(names, records):
     items, gts, prompts = groups.setdefault(r.get("level") or default_level, ([], [], {}))
     task = tasks_lib.get(r["task_type"])
     items.append((r["task_type"], r["question"]))
@@ -148,6 +205,7 @@ def file_protocol(style: str, default_level: str) -> tuple[dict, dict]:
                else task.reference_value(r["question"]))
     if style == "npbench" and isinstance(r.get("prompt"), str):
       prompts[id(r["question"])] = r["prompt"]
+    RECORD_NAMES[id(r["question"])] = name
   proto = {"samples": FLAGS.samples if FLAGS["samples"].present else 3,
            "k": FLAGS.k, "temperature": FLAGS.temperature,
            "compat": FLAGS.compat if FLAGS["compat"].present else "npbench",
@@ -167,6 +225,19 @@ def main(argv):
     raise app.UsageError("--out is required")
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
+  try:
+    check_flags()
+    run()
+  except (app.UsageError, data_lib.DataError, config_lib.ConfigError, ckpt_lib.CheckpointError,
+          ValueError, KeyError) as e:  # the project's own errors name what is wrong
+    if FLAGS.verbose:
+      import traceback
+      traceback.print_exception(e)
+    print(f"error: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr, flush=True)
+    sys.exit(USAGE)
+
+
+def run():
   graphdef, params, tok, d = load_policy()
   vl = hasattr(tok, "image_processor")  # a VLProcessor: a vision-language policy
   if vl:
@@ -188,12 +259,13 @@ def main(argv):
     groups = {level: (items, [tasks_lib.get(k).reference_value(q) for k, q in items], {})}
   prompts = {i: t for _, _, p in groups.values() for i, t in p.items()}
   probe = FilePromptEncoder(tok, style, 10**9, chat, prompts)
-  longest = max(len(probe.encode(k, q)) for items, _, _ in groups.values() for k, q in items)
+  new_tokens = FLAGS.max_new_tokens or d.get("max_new_tokens", 1024)
+  longest = prompt_lengths(probe, groups, new_tokens, nnx.merge(graphdef, params).cfg.max_position_embeddings)
   plen = FLAGS.max_prompt_len or d.get("max_prompt_len") or longest
   if longest > plen:
     raise app.UsageError(f"the longest prompt has {longest} tokens > --max_prompt_len={plen}")
   encoder = FilePromptEncoder(tok, style, plen, chat, prompts)
-  scfg = sampler_lib.SamplingConfig(max_new_tokens=FLAGS.max_new_tokens or d.get("max_new_tokens", 1024),
+  scfg = sampler_lib.SamplingConfig(max_new_tokens=new_tokens,
                                     num_samples=samples, temperature=FLAGS.temperature, eos_id=tok.eos_token_id,
                                     pad_id=encoder.pad, stop_ids=encoder.stop_ids)
   sample = jax.jit(lambda p, pt, pm, rng: sampler_lib.generate_padded(graphdef, p, pt, pm, rng, scfg))
@@ -208,25 +280,24 @@ def main(argv):
         batch_prompts=FLAGS.batch_prompts, prompt_len=plen,
         reward_cfg=rewards_lib.RewardConfig(compat=compat), ground_truths=gts, progress=True,
         success="positive_ratio" if proto is not None else "feasible")
-  os.makedirs(FLAGS.out, exist_ok=True)
   if proto is None:
     res = results[level]
     table = evaluation.format_table(res)
-    report.plot_before_after(None, res, os.path.join(FLAGS.out, "eval.png"))
+    plots = {"eval.png": res}
   else:  # per level, as NP-Bench reports
     res = {"protocol": proto, "levels": results,
            "num_problems": sum(r["num_problems"] for r in results.values())}
     table = "\n\n".join(f"level {lv}\n{evaluation.format_table(r)}" for lv, r in results.items())
-    for lv, r in results.items():
-      name = "eval.png" if len(results) == 1 else f"eval_{lv}.png"
-      report.plot_before_after(None, r, os.path.join(FLAGS.out, name))
-  write_outputs(res, table)
+    plots = {("eval.png" if len(results) == 1 else f"eval_{lv}.png"): r for lv, r in results.items()}
+  write_outputs(res, table, plots)
 
 
-def write_outputs(res: dict, table: str) -> None:
+def write_outputs(res: dict, table: str, plots: dict) -> None:
+  """eval.json and table.txt (atomically), then the plots: a plot that fails is a warning."""
   report.write_json(res, os.path.join(FLAGS.out, "eval.json"))
-  with open(os.path.join(FLAGS.out, "table.txt"), "w") as f:
-    f.write(table + "\n")
+  data_lib._atomic_write(os.path.join(FLAGS.out, "table.txt"), lambda f: f.write(table + "\n"))
+  for name, r in plots.items():
+    report.plot_or_warn(report.plot_before_after, None, r, os.path.join(FLAGS.out, name))
   print(table)
   print(f"wrote {FLAGS.out}/eval.json, table.txt and plots")
 
@@ -273,11 +344,9 @@ def evaluate_vlm(graphdef, params, processor, d: dict) -> None:
                                        FLAGS.max_prompt_len or d.get("max_prompt_len"))
   print(f"render + preprocessing: {cache.ms_per_instance:.1f} ms per instance ({cache.misses} drawn, "
         f"{cache.hits} cache hits)")
-  os.makedirs(FLAGS.out, exist_ok=True)
-  report.plot_before_after(None, res, os.path.join(FLAGS.out, "eval.png"))
   table = (f"{evaluation.format_table(res)}\n\nthe same instances by modality (table above: "
            f"{res['modality']}):\n{multimodal.format_modalities(res)}")
-  write_outputs(res, table)
+  write_outputs(res, table, {"eval.png": res})
 
 
 if __name__ == "__main__":

@@ -245,11 +245,15 @@ def evaluate_modalities(run_eval, encoder, items, modalities, images_fn,
   return out
 
 
-def format_modalities(results: dict, metrics=("SR@3", "QR@3", "SR_mean", "QR_mean")) -> str:
+def format_modalities(results: dict, metrics=None) -> str:
   """Overall scores per modality, one line each (the blank-image control beside the image)."""
   mods = results.get("modalities")
   if not mods:
     return ""
+  if metrics is None:  # SR@k / QR@k at the evaluation's k
+    from dmpo_jax.training.report import best_of_k
+    k = best_of_k(results)
+    metrics = (f"SR@{k}", f"QR@{k}", "SR_mean", "QR_mean")
   lines = [f"{'modality':10s}" + "".join(f"{m:>10s}" for m in metrics)]
   for name, r in mods.items():
     lines.append(f"{name:10s}" + "".join(f"{r['overall'].get(m, float('nan')):10.3f}" for m in metrics))

@@ -13,6 +13,9 @@ step, PRNG key, counters; the data position is the step, since data is a
 pure function of (seed, step)) and, for objectives that read one, the
 reference policy; finished evaluations and the DPH store are files.
 SIGINT/SIGTERM save a checkpoint and exit cleanly.
+The config is checked before anything is built or written, and a rerun must
+match the workdir's config.json (training/config.py; --allow_config_change for
+logging and checkpoint cadence); bad input is one line and exit status 2.
 
 Workdir: config.json, checkpoints/ (steps, and reference/), metrics.jsonl,
 tb/, eval_before.json, eval_after.json, results.json, dph_store.npz,
@@ -22,7 +25,6 @@ training.png, before_after.png, hf/ (the final policy as a Hugging Face folder).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -35,6 +37,8 @@ from flax import nnx
 from ml_collections import config_flags
 
 from dmpo_jax.training import checkpoint as ckpt_lib
+from dmpo_jax.training import config as config_lib
+from dmpo_jax.training.config import ConfigError, check_config, task_keys
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training import evaluation, pipeline, report, steps
 from dmpo_jax import multimodal
@@ -45,7 +49,6 @@ from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.objectives import flowrl, presets, terms
 from dmpo_jax.sampling import sampler as sampler_lib
 from dmpo_jax.tasks import diversity
-from dmpo_jax.tasks import optima as optima_lib
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.training import dph
 from dmpo_jax.training.rollout import collect_rollouts
@@ -58,17 +61,25 @@ __all__ = ["train", "setup", "Run", "TrainingError", "build_model", "model_shape
            "check_config", "make_optimizer", "micro_batches", "auto_micro_batches"]
 
 
-def define_flags():
-  """CLI flags (defined only when run as a program, so other tools can import this module)."""
-  config_flags.DEFINE_config_file("config", None, "Training config (a .py file).", lock_config=True)
-  flags.DEFINE_string("workdir", None, "Output folder; an existing run there is resumed.")
+def define_flags(fv=FLAGS, argv=None):
+  """CLI flags (defined only when run as a program, so other tools can import this module;
+  tests pass their own FlagValues and the argv whose --config.<field> overrides apply)."""
+  config_flags.DEFINE_config_file("config", None, "Training config (a .py file).", flag_values=fv,
+                                  lock_config=True, sys_argv=argv)
+  flags.DEFINE_string("workdir", None, "Output folder; an existing run there is resumed.", flag_values=fv)
+  flags.DEFINE_list("allow_config_change", [], "fields a resume may change (logging, checkpoint "
+                    "cadence, mesh: training/config.py SAFE_TO_CHANGE)", flag_values=fv)
+  flags.DEFINE_bool("verbose", False, "print the traceback of an error, not only its message",
+                    flag_values=fv)
   flags.DEFINE_string("coordinator_address", None, "multi-process: host:port of process 0 "
-                      "(or JAX_COORDINATOR_ADDRESS; automatic on TPU pods and SLURM)")
-  flags.DEFINE_integer("num_processes", None, "multi-process: number of processes (or JAX_NUM_PROCESSES)")
-  flags.DEFINE_integer("process_id", None, "multi-process: this process's index (or JAX_PROCESS_ID)")
+                      "(or JAX_COORDINATOR_ADDRESS; automatic on TPU pods and SLURM)", flag_values=fv)
+  flags.DEFINE_integer("num_processes", None, "multi-process: number of processes (or JAX_NUM_PROCESSES)",
+                       flag_values=fv)
+  flags.DEFINE_integer("process_id", None, "multi-process: this process's index (or JAX_PROCESS_ID)",
+                       flag_values=fv)
 
 
-SFT_TARGETS = ("sampled", "optimal")  # config.sft.targets (see sft_batch)
+EVAL_KEYS = ("per_task", "categories", "overall", "solved")  # an eval_*.json that lacks one is damaged
 
 
 class TrainingError(RuntimeError):
@@ -76,16 +87,17 @@ class TrainingError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------
-def train(cfg, workdir: str) -> dict:
+def train(cfg, workdir: str, allow_config_change=()) -> dict:
   """Run every stage; returns the results dict (also written to workdir/results.json), or
-  {"stopped": True, "step": ...} when a signal or config.stop_at_step ended the run early."""
+  {"stopped": True, "step": ...} when a signal or config.stop_at_step ended the run early.
+  allow_config_change: fields (of config_lib.SAFE_TO_CHANGE) a resume may change."""
   t_start = time.time()
-  run, state = setup(cfg, workdir)
+  run, state = setup(cfg, workdir, allow_config_change)
   with ckpt_lib.StopSignal() as stop:
     state, stopped = sft_stage(run, state, stop)
     if stopped:
       return run.close_stopped(state)
-    before = run.timed("eval", run.evaluate, "before", state)
+    before = run.timed("eval", run.evaluate, "before", run.sft_end_state(state))
     if cfg.rl.steps and state.step == cfg.sft.steps:  # a fresh optimizer for RL
       state = dataclasses.replace(state, opt_state=run.init_opt(run.rl_opt, state.params))
     state, stopped = rl_stage(run, state, stop)
@@ -95,91 +107,32 @@ def train(cfg, workdir: str) -> dict:
 
 
 def freeze_vision(cfg, stage: str, vl_cfg) -> bool:
-  """config.<stage>.freeze_vision (default True: the tower is not trained, gets no gradient,
-  no update and no optimizer state); False for a text model (vl_cfg None)."""
-  return vl_cfg is not None and bool(cfg[stage].get("freeze_vision", True))
+  """config.<stage>.freeze_vision (True: the tower is not trained, gets no gradient, no update
+  and no optimizer state); False for a text model (vl_cfg None)."""
+  return vl_cfg is not None and bool(cfg[stage].freeze_vision)
 
 
 def vision_optimizer_opts(cfg, stage: str, vl_cfg) -> dict:
   """make_optimizer's tower options of a stage: freeze_vision, and config.<stage>.
-  vision_lr_scale (default 1.0; checked in check_config) for a trained tower; none for a
-  text model."""
+  vision_lr_scale (checked in check_config) for a trained tower; none for a text model."""
   if vl_cfg is None:
     return {}
   return {"freeze_vision": freeze_vision(cfg, stage, vl_cfg),
-          "vision_lr_scale": float(cfg[stage].get("vision_lr_scale", 1.0))}
+          "vision_lr_scale": float(cfg[stage].vision_lr_scale)}
 
 
 # ---------------------------------------------------------------------------
-# Config checks (bad input names itself).
+# The objective of a config (its checks: training/config.py).
 def objective_from_config(cfg) -> presets.ObjectiveConfig:
   """The preset's objective with config.rl.objective's overrides. With
   config.dph.weighting = "per_sample", eta is scaled by dph.batch / (prompts x group), so that a
   rehearsed D_pef response weighs eta times one RL sample (docs/METHODS.md, DPH-RL)."""
   overrides = {k: v for k, v in cfg.rl.objective.items() if v is not None}
   obj = presets.objective_config(cfg.rl.algo, **overrides)
-  if obj.divergence is not None and cfg.dph.get("weighting", "separate") == "per_sample":
+  if obj.divergence is not None and cfg.dph.weighting == "per_sample":
     share = cfg.dph.batch / (cfg.rl.prompts_per_step * cfg.rl.group_size)
     obj = dataclasses.replace(obj, div_coef=obj.div_coef * share)
   return obj
-
-
-def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
-  for stage in ("sft", "rl"):
-    scale = cfg[stage].get("vision_lr_scale", 1.0)
-    if not scale > 0:
-      raise ValueError(f"config.{stage}.vision_lr_scale={scale} must be > 0 (to keep the tower "
-                       f"fixed, set config.{stage}.freeze_vision=True)")
-  g = cfg.rl.group_size
-  if g < 2 and obj.advantage in terms.NEEDS_GROUP:
-    raise ValueError(f"config.rl.group_size={g}: {obj.advantage} advantages need a group of at "
-                     "least 2 (a std or leave-one-out over one sample is undefined)")
-  if g < 2 and obj.dm_coef > 0:
-    raise ValueError(f"config.rl.group_size={g}: DMPO's group distribution needs G >= 2")
-  rows = sharding.batch_rows(mesh)
-  for name, n in (("rl.prompts_per_step", cfg.rl.prompts_per_step), ("sft.batch_size", cfg.sft.batch_size),
-                  ("eval.batch_prompts", cfg.eval.batch_prompts), ("dph.batch", cfg.dph.batch)):
-    if n % rows:
-      raise ValueError(f"config.{name}={n} must divide by the mesh's data x fsdp size ({rows})")
-  if cfg.eval.k > cfg.eval.samples:
-    raise ValueError(f"config.eval.k={cfg.eval.k} exceeds config.eval.samples={cfg.eval.samples}")
-  if cfg.sft.batch_size % cfg.sft.solutions_per_instance:
-    raise ValueError("config.sft.batch_size must divide by config.sft.solutions_per_instance")
-  chunks = cfg.rl.rollout_chunks
-  if chunks < 1 or cfg.rl.prompts_per_step % chunks or (cfg.rl.prompts_per_step // chunks * g) % rows:
-    raise ValueError(f"config.rl.rollout_chunks={chunks} must divide rl.prompts_per_step="
-                     f"{cfg.rl.prompts_per_step}, and each piece's rows by the mesh's data x fsdp ({rows})")
-  mb = cfg.rl.micro_batches
-  if mb < 0 or (mb > 0 and (cfg.rl.prompts_per_step % mb or (cfg.rl.prompts_per_step // mb) % rows or (
-      obj.divergence is not None and cfg.dph.batch % mb))):
-    raise ValueError(f"config.rl.micro_batches={mb} must be 0 (auto) or divide rl.prompts_per_step="
-                     f"{cfg.rl.prompts_per_step} (and dph.batch), leaving slices divisible by the "
-                     f"mesh's data x fsdp size ({rows})")
-  if not 0.0 < cfg.dph.pef_threshold <= 1.0:
-    raise ValueError(f"config.dph.pef_threshold={cfg.dph.pef_threshold} must be in (0, 1]")
-  if cfg.dph.get("weighting", "separate") not in ("separate", "per_sample"):
-    raise ValueError(f"config.dph.weighting={cfg.dph.weighting!r}; choose 'separate' or 'per_sample'")
-  if cfg.dph.correct not in ("feasible", "optimal"):
-    raise ValueError(f"config.dph.correct={cfg.dph.correct!r}; choose 'feasible' or 'optimal'")
-  pool = int((cfg.get("collapse") or {}).get("pool", 0))
-  if pool and cfg.eval.num_per_task > pool:
-    raise ValueError(f"config.eval.num_per_task={cfg.eval.num_per_task} exceeds config.collapse.pool="
-                     f"{pool}: with a pool, evaluation is on the pool's instances")
-  targets = cfg.sft.get("targets", "sampled")
-  if targets not in SFT_TARGETS:
-    raise ValueError(f"config.sft.targets={targets!r}; choose one of {SFT_TARGETS}")
-  if targets == "optimal":
-    missing = [k for k in task_keys(cfg) if k not in optima_lib.supported()]
-    if missing:
-      raise ValueError(f"config.sft.targets='optimal' needs optimal-solution enumeration, which "
-                       f"{missing} lack (config.tasks); supported: {optima_lib.supported()}")
-
-
-def task_keys(cfg) -> list[str]:
-  """config.tasks: "all", or task keys separated by "," or "+"."""
-  if cfg.tasks == "all":
-    return tasks_lib.names()
-  return [k.strip() for k in cfg.tasks.replace("+", ",").split(",") if k.strip()]
 
 
 def build_model(cfg):
@@ -318,7 +271,10 @@ class Run:
     evaluation is read back, not redone)."""
     path = os.path.join(self.workdir, f"eval_{name}.json")
     if dist.agree(os.path.exists(path)):  # every process takes the same branch
-      return report.read_json(path)
+      res, why = report.read_result(path, EVAL_KEYS)
+      if res is not None:
+        return res
+      print(f"warning: {path} is damaged ({why}); evaluating again", flush=True)
     cfg = self.cfg
     if self._eval is None:  # one sampler (one compilation) and one instance set for both
       items = self.taskset.held_out(cfg.eval.num_per_task)
@@ -340,6 +296,20 @@ class Run:
       report.write_json(res, path)
     return res
 
+  def sft_end_state(self, state: TrainState) -> TrainState:
+    """The state whose policy "before RL" evaluates: `state` at the end of SFT; past it (a
+    resume whose eval_before.json is damaged), the params of the checkpoint at sft.steps."""
+    path = os.path.join(self.workdir, "eval_before.json")
+    sft_end = self.cfg.sft.steps
+    if state.step <= sft_end or report.read_result(path, EVAL_KEYS)[0] is not None:
+      return state
+    if sft_end not in self.ckpt.mngr.all_steps():
+      raise TrainingError(f"{path} is missing or damaged and the policy it scores (checkpoint "
+                          f"{sft_end}, the end of SFT) is no longer kept; restore the file or "
+                          "train in another --workdir")
+    params, _ = self.ckpt.restore_params(sft_end, state.params, self.model_shape)
+    return dataclasses.replace(state, params=params)
+
   def log(self, state: TrainState, stage: str, row: dict, last: int, progress: dict) -> None:
     """A metrics row every config.log.every steps and at the stage's last; the progress bar."""
     if state.step % self.cfg.log.every == 0 or state.step == last:
@@ -349,20 +319,20 @@ class Run:
       self.progress.set_postfix(**progress)
 
 
-def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
-  """Check the config, build mesh, data, model and optimizers; restore the workdir's latest
-  checkpoint if there is one."""
-  os.makedirs(workdir, exist_ok=True)
+def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
+  """Check the config (and, for an existing workdir, that it is the workdir's: its config.json,
+  `config_lib.check_resume`), build mesh, data, model and optimizers; restore the workdir's
+  newest complete checkpoint if there is one. Nothing is written before the checks pass."""
+  config_lib.check_fields(cfg)  # before the objective and the mesh read the fields
   obj = objective_from_config(cfg)
   mesh = sharding.make_mesh(dict(cfg.mesh))
   check_config(cfg, obj, mesh)
+  write_config = config_lib.check_resume(cfg, workdir, allow_config_change)
   taskset = pipeline.TaskSet(task_keys(cfg), cfg.level, cfg.seed,
                              pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level),
                              collapse=pipeline.Collapse.from_config(cfg),
-                             pool=int((cfg.get("collapse") or {}).get("pool", 0)))
+                             pool=cfg.collapse.pool if "collapse" in cfg else 0)
   reward_cfg = rewards_lib.RewardConfig(**dict(cfg.rl.reward))
-  if dist.is_main():
-    report.write_json(json.loads(cfg.to_json_best_effort()), os.path.join(workdir, "config.json"))
 
   model, tok = build_model(cfg)
   processor, vl_cfg = (tok, model.cfg) if multimodal.is_vlm(model) else (None, None)
@@ -379,6 +349,7 @@ def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
     p_sh["log_z"] = jax.tree.map(lambda _: rep, params["log_z"])
   params = jax.tree.map(lambda x, s: dist.to_global(np.asarray(x), s), params, p_sh)
 
+  os.makedirs(workdir, exist_ok=True)  # every check passed: from here on the workdir is written
   run = Run(cfg=cfg, workdir=workdir, obj=obj, mesh=mesh, taskset=taskset, reward_cfg=reward_cfg,
             tok=tok, encoder=encoder, graphdef=graphdef, model_shape=model_shape(model), p_sh=p_sh,
             o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
@@ -388,7 +359,7 @@ def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
                                   **vision_optimizer_opts(cfg, "rl", vl_cfg)),
             ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep),
             vl_cfg=vl_cfg, processor=processor)
-  latest = run.ckpt.latest_step()
+  latest = run.ckpt.usable_step(set_aside=dist.is_main())  # damaged newer steps: moved aside
   # The optimizer of the stage the run is in (a checkpoint at step sft.steps is SFT's; the
   # two can differ in structure when one stage freezes the vision tower).
   in_sft = cfg.sft.steps and (latest is None or latest <= cfg.sft.steps)
@@ -402,6 +373,8 @@ def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
     state = dataclasses.replace(state, params=params, opt_state=opt_state, step=meta["step"],
                                 counters=meta["counters"])
     print(f"resumed {workdir} at step {state.step} ({meta['stage']})", flush=True)
+  if write_config and dist.is_main():  # the contract, once the checkpoint is known to fit
+    report.write_json(config_lib.config_json(cfg), os.path.join(workdir, "config.json"))
   run.times.update(state.counters.get("times", {}))
   run.writer = (report.MetricsWriter(workdir, cfg.log.tensorboard,
                                      resume_step=state.step if latest is not None else None)
@@ -446,7 +419,7 @@ def sft_batch(run: Run, step: int) -> dict:
   instance's enumerated optima ("optimal"; config.collapse's limit and time limit)."""
   cfg = run.cfg
   per = cfg.sft.solutions_per_instance
-  optimal = cfg.sft.get("targets", "sampled") == "optimal"
+  optimal = cfg.sft.targets == "optimal"
   c = run.taskset.collapse or pipeline.Collapse()
   prompts, answers = [], []
   items = run.taskset.train("sft", step, cfg.sft.batch_size // per)
@@ -562,7 +535,7 @@ def term_grads_every(cfg) -> int:
   """config.rl.log_term_grads -> log the terms' gradient norms every this many RL steps (0:
   never). False: never; True: every step; N: every N-th step (the others skip the two extra
   backward passes of `steps.term_gradients`)."""
-  v = cfg.rl.get("log_term_grads", False)
+  v = cfg.rl.log_term_grads
   if isinstance(v, bool):
     return int(v)
   if not isinstance(v, int) or v < 0:
@@ -595,7 +568,6 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
   keep = {k: tasks_lib.scoring.keep_and_exploration(before["solved"][k], after["solved"][k])
           for k in after["solved"]}
   keep_collapse = collapse_keep_exploration(cfg, before, after)
-  table = evaluation.format_table(after, before)
   results = {"before": {k: before[k] for k in ("per_task", "categories", "overall")},
              "after": {k: after[k] for k in ("per_task", "categories", "overall")},
              "keep_exploration": keep, **keep_collapse, "times_s": run.times,
@@ -605,15 +577,18 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
   if "modalities" in after:  # a vision-language policy: every modality, before and after RL
     results["modalities"] = {"before": before.get("modalities"), "after": after["modalities"]}
   export = dist.tree_to_host(state.params["model"]) if cfg.checkpoint.export_hf else None  # all processes
-  if dist.is_main():  # files are written once
+  if dist.is_main():  # files are written once: the results first, so nothing after loses them
     report.write_json(results, os.path.join(run.workdir, "results.json"))
-    if cfg.log.plots:
-      report.plot_training(report.read_metrics(run.writer.path), os.path.join(run.workdir, "training.png"))
-      report.plot_before_after(before, after, os.path.join(run.workdir, "before_after.png"))
     if export is not None:
       hf.save(nnx.merge(run.graphdef, export), run.processor or run.tok,
               os.path.join(run.workdir, "hf"))
+    if cfg.log.plots:
+      report.plot_or_warn(report.plot_training, report.read_metrics(run.writer.path),
+                          os.path.join(run.workdir, "training.png"))
+      report.plot_or_warn(report.plot_before_after, before, after,
+                          os.path.join(run.workdir, "before_after.png"))
   run.ckpt.close()
+  table = evaluation.format_table(after, before)
   if not dist.is_main():
     return results
   print(f"\n{cfg.rl.algo}, seed {cfg.seed}: before RL -> after RL (held-out {cfg.level} instances, "
@@ -632,32 +607,55 @@ def collapse_keep_exploration(cfg, before: dict, after: dict) -> dict:
   """With the collapse config: {"keep_exploration_collapse": {correct: {task: rates}}}, DPH-RL's
   keep / exploration split by the before-RL policy's pass@collapse.keep_k, for each notion of
   correct in collapse.correct ("feasible", "optimal"); {} otherwise or with too few samples."""
-  keep_k = int(cfg.collapse.get("keep_k", 8)) if "collapse" in cfg else 0
+  keep_k = int(cfg.collapse.keep_k) if "collapse" in cfg else 0
   if not ("correct" in after and "correct" in before) or cfg.eval.samples < keep_k:
     return {}
-  names = [n for n in cfg.collapse.get("correct", ("feasible", "optimal")) if n in after["correct"]]
+  names = [n for n in cfg.collapse.correct if n in after["correct"]]
   return {"keep_exploration_collapse": {
       n: {t: diversity.keep_and_exploration(before["correct"][n][t], after["correct"][n][t], k=keep_k)
           for t in after["correct"][n]} for n in names}}
 
 
-def main(argv):
+# The project's own errors: bad input or a workdir that cannot be used. The CLI prints them as one
+# line and exits with USAGE (the traceback with --verbose).
+BAD_INPUT = (ConfigError, TrainingError, ckpt_lib.CheckpointError, ValueError, KeyError)
+USAGE = 2
+
+
+def fail(e: BaseException, verbose: bool = False) -> None:
+  if verbose:
+    import traceback
+    traceback.print_exception(e)
+  msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+  print(f"error: {msg}", file=sys.stderr, flush=True)
+  sys.exit(USAGE)
+
+
+def parse_flags(argv, fv=FLAGS):
+  """absl's parser, with a bad --config.<field> (unknown, wrong type, a config argument the
+  file refuses) as one line and exit status 2 instead of a traceback."""
+  try:
+    return fv(argv)
+  except Exception as e:  # config_flags raises assorted types while it applies overrides
+    fail(ConfigError(config_lib.flag_error(e, argv)), "--verbose" in argv)
+
+
+def main(argv, fv=FLAGS):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if FLAGS.config is None:
+  if fv.config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/nphard.py")
-  if not FLAGS.workdir:
+  if not fv.workdir:
     raise app.UsageError("--workdir is required")
-  if not FLAGS["verbosity"].present:  # orbax logs every save at INFO; -v 0 brings it back
+  if "verbosity" in fv and not fv["verbosity"].present:  # orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
-  dist.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  dist.initialize(fv.coordinator_address, fv.num_processes, fv.process_id)
   try:
-    train(FLAGS.config, FLAGS.workdir)
-  except (TrainingError, ckpt_lib.CheckpointError, ValueError, KeyError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+    train(fv.config, fv.workdir, fv.allow_config_change)
+  except BAD_INPUT as e:
+    fail(e, fv.verbose)
 
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

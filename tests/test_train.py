@@ -173,7 +173,7 @@ def test_bad_config_fields_name_themselves(tmp_path):
                       f"--workdir={tmp_path}", "--config.rl.no_such_field=1"],
                      cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
   assert r.returncode != 0 and "no_such_field" in r.stderr
-  with pytest.raises(ValueError, match="unknown preset 'ppo_xyz'; choose one of .*dmpo"):
+  with pytest.raises(ValueError, match=r"config.rl.algo='ppo_xyz': must be one of .*dmpo"):
     train_lib.train(smoke("smoke,algo=ppo_xyz"), str(tmp_path / "p"))
   with pytest.raises(ValueError, match="unknown argument.*bogus"):
     nphard.get_config("smoke,bogus=1")
@@ -208,6 +208,9 @@ def test_nonfinite_steps_stop_with_good_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_other_model_shape_refused(tmp_path):
   train_lib.train(smoke(**{"rl.steps": 1, "checkpoint.export_hf": False}), str(tmp_path))
+  with pytest.raises(ValueError, match=r"another config .*model.hidden_size: 32 -> 48; rl.steps: 1 -> 2"):
+    train_lib.train(smoke(**{"rl.steps": 2, "model.hidden_size": 48}), str(tmp_path))
+  os.remove(tmp_path / "config.json")  # no contract (a folder the sweep seeds): the checkpoint's check
   with pytest.raises(ckpt_lib.CheckpointError, match="another model shape.*hidden_size: checkpoint 32 vs config 48"):
     train_lib.train(smoke(**{"rl.steps": 2, "model.hidden_size": 48}), str(tmp_path))
 

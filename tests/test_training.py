@@ -283,12 +283,21 @@ def test_dph_per_sample_weighting_scales_eta(tmp_path):
   assert train_lib.objective_from_config(cfg).div_coef == 0.0
 
 
+def smoke_config():
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"))
+  import nphard
+  return nphard.get_config("smoke")
+
+
 def test_log_term_grads_interval():
   from ml_collections import config_dict
   from dmpo_jax import train as train_lib
   every = lambda v: train_lib.term_grads_every(config_dict.ConfigDict({"rl": {"log_term_grads": v}}))
   assert (every(False), every(True), every(4)) == (0, 1, 4)
-  assert train_lib.term_grads_every(config_dict.ConfigDict({"rl": {}})) == 0
+  # declared in configs/ (no default in code): 0, never
+  assert train_lib.term_grads_every(smoke_config()) == 0
   for bad in (-1, 2.5, "4"):
     with pytest.raises(ValueError, match="log_term_grads"):
       every(bad)

@@ -65,6 +65,13 @@ class Infeasible(Exception):
   """Raised inside checkers; the message becomes Verdict.reason."""
 
 
+class InvalidInstance(ValueError):
+  """A question that is not an instance of its task; the message names the field."""
+
+
+_KIND_NAMES = {int: "an int", float: "a number", list: "a list", dict: "an object", str: "a string"}
+
+
 class Task:
   key: str = ""
   title: str = ""
@@ -72,6 +79,11 @@ class Task:
   direction: str = ""        # "min" or "max"
   description: str = ""      # NP-Bench-style task description
   answer_format: str = ""    # the submission format line of the prompt
+  # The question's shape, checked once per instance before it is parsed (`check_instance`):
+  # `fields` maps each required field to its allowed types; a task without fields takes a
+  # vertex map, {"0": ..., "n-1": ...}, whose values have one of the types in `vertex_values`.
+  fields: dict = {}
+  vertex_values: tuple = (list, dict)
 
   def __init__(self):
     self._cache: collections.OrderedDict = collections.OrderedDict()
@@ -117,14 +129,47 @@ class Task:
     raise NotImplementedError
 
   # ---- public API ------------------------------------------------------
+  def check_instance(self, instance) -> None:
+    """Refuse a question that is not of this task's shape (an empty one, another task's),
+    naming the field; the values inside are checked when the instance is parsed."""
+    def kinds(types):
+      return " or ".join(_KIND_NAMES.get(t, t.__name__) for t in types)
+    if not isinstance(instance, dict):
+      raise InvalidInstance(f"{self.key}: the question must be an object, got {type(instance).__name__}")
+    if self.fields:
+      for name, types in self.fields.items():
+        if name not in instance:
+          raise InvalidInstance(f"{self.key}: the question lacks field {name!r} (a {self.key} "
+                                f"question has {list(self.fields)})")
+        v = instance[name]
+        if isinstance(v, bool) or not isinstance(v, types):
+          raise InvalidInstance(f"{self.key}: question field {name!r} is {type(v).__name__}, "
+                                f"expected {kinds(types)}")
+        if isinstance(v, (list, dict)) and not v:
+          raise InvalidInstance(f"{self.key}: question field {name!r} is empty")
+      return
+    if not instance:
+      raise InvalidInstance(f"{self.key}: the question is empty (a {self.key} question maps vertex "
+                            f"ids 0..n-1 to {kinds(self.vertex_values)})")
+    n = len(instance)
+    for k, v in instance.items():
+      if not (isinstance(k, int) or (isinstance(k, str) and k.isdigit())) or not 0 <= int(k) < n:
+        raise InvalidInstance(f"{self.key}: question field {k!r} is not a vertex id 0..{n - 1} "
+                              f"(a {self.key} question maps vertex ids to {kinds(self.vertex_values)})")
+      if not isinstance(v, self.vertex_values):
+        raise InvalidInstance(f"{self.key}: question field {k!r} is {type(v).__name__}, expected "
+                              f"{kinds(self.vertex_values)}")
+
   def problem(self, instance: dict):
-    """The parsed instance, cached by identity (instances are not mutated)."""
+    """The parsed instance, cached by identity (instances are not mutated); the question is
+    checked against the task's shape the first time (`check_instance`)."""
     if not isinstance(instance, dict):
       raise TypeError(f"{self.key}: instance must be a question dict, got {type(instance).__name__}")
     hit = self._cache.get(id(instance))
     if hit is not None and hit[0] is instance:
       self._cache.move_to_end(id(instance))
       return hit[1]
+    self.check_instance(instance)
     try:
       problem = self._load(instance)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -150,6 +195,9 @@ class Task:
     strict: the answer is the text after the last 'Answer:', read by parsing.py.
     npbench: NP-Bench's own per-task rules on the whole response (npbench_rules.py).
     """
+    if compat not in COMPAT:
+      raise ValueError(f"unknown compat {compat!r}; choose from {COMPAT}")
+    self.problem(instance)  # a malformed question is refused whatever the text
     if compat == "npbench":
       return self._npbench_verdict(instance, text)
     answer = parsing.extract_answer(text)

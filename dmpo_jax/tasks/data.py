@@ -21,6 +21,7 @@ array_record dataset with --format=tfds):
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from typing import Iterable, Iterator
@@ -60,42 +61,113 @@ def _from_keyed(path: str, obj: dict) -> list[dict]:
   return records
 
 
-def read_npbench(path: str) -> list[dict]:
-  """Records of an NP-Bench file (keyed object, JSON list or JSONL), validated."""
+def _int(digits: str):
+  """JSON integers; one too long for Python's int() stays text, for the record's check to name."""
+  return int(digits) if len(digits) <= 1000 else digits
+
+
+def _parse_file(path: str) -> tuple[list, list[str]]:
+  """(records, their names for messages) of a keyed object, a JSON list or JSON Lines."""
   if not os.path.isfile(path):
     raise DataError(f"{path}: no such file")
-  with open(path, encoding="utf-8") as f:
-    text = f.read()
-  stripped = text.lstrip()
   try:
-    if stripped.startswith("["):
-      records = json.loads(text)
-    else:
-      try:  # one JSON object (NP_Bench.json), else JSON Lines
-        records = json.loads(text)
-      except json.JSONDecodeError:
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
-  except json.JSONDecodeError as e:
-    raise DataError(f"{path}: not JSON or JSON Lines ({e})") from e
-  if isinstance(records, dict):
-    keyed = records and all(isinstance(v, dict) for v in records.values()) and \
-        not any(k in records for k in REQUIRED)
-    records = _from_keyed(path, records) if keyed else [records]
-  if not isinstance(records, list):
-    raise DataError(f"{path}: expected a JSON object of records, a list or JSON Lines")
-  for i, r in enumerate(records):
-    name = repr(r["key"]) if isinstance(r, dict) and "key" in r else str(i)
-    if not isinstance(r, dict):
-      raise DataError(f"{path}: record {name} is not an object")
-    missing = [k for k in REQUIRED if k not in r]
-    if missing:
-      raise DataError(f"{path}: record {name} lacks {missing}")
-    if r["task_type"] not in _tasks.names():
-      raise DataError(f"{path}: record {name} has unknown task_type {r['task_type']!r}; "
-                      f"choose from {_tasks.names()}")
-    if not isinstance(r["question"], dict):
-      raise DataError(f"{path}: record {name}: question must be an object")
-  return records
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+  except UnicodeDecodeError as e:
+    raise DataError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from e
+  if not text.strip():
+    raise DataError(f"{path}: the file is empty")
+  try:
+    obj = json.loads(text, parse_int=_int)
+  except json.JSONDecodeError as whole:
+    if text.lstrip().startswith("["):
+      raise DataError(f"{path}: not JSON ({whole})") from whole
+    records, names = [], []  # JSON Lines: each line on its own, named by its line number
+    for n, line in enumerate(text.splitlines(), 1):
+      if not line.strip():
+        continue
+      try:
+        records.append(json.loads(line, parse_int=_int))
+      except json.JSONDecodeError as e:
+        raise DataError(f"{path}: line {n} is not JSON ({e.msg}, column {e.colno})") from e
+      names.append(f"on line {n}")
+    return records, names
+  if isinstance(obj, dict):
+    keyed = obj and all(isinstance(v, dict) for v in obj.values()) and not any(k in obj for k in REQUIRED)
+    if keyed:
+      records = _from_keyed(path, obj)
+      return records, [repr(r["key"]) for r in records]
+    return [obj], ["0"]
+  if not isinstance(obj, list):
+    raise DataError(f"{path}: expected a JSON object of records, a list or JSON Lines, "
+                    f"got a {type(obj).__name__}")
+  return obj, [str(i) for i in range(len(obj))]
+
+
+def check_ground_truth(value, task) -> float:
+  """The ground truth as a float: finite and > 0, since the quality ratio divides by it (a
+  maximisation's value / gt, a minimisation's gt / value)."""
+  if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    raise ValueError(f"must be a number, got {type(value).__name__}")
+  if isinstance(value, str) and len(value) > 40 or isinstance(value, int) and abs(value) > 10**30:
+    raise ValueError("is not a plausible objective value (over 30 digits)")
+  try:
+    gt = float(value)
+  except (ValueError, OverflowError):
+    raise ValueError("must be a number") from None
+  if not math.isfinite(gt) or gt <= 0:
+    raise ValueError(f"must be finite and > 0 (NP-Bench's {task.direction} ratio divides by it)")
+  return gt
+
+
+def check_record(path: str, name: str, r) -> None:
+  """One record against its task: task_type, question shape, ground truth, prompt, key."""
+  if not isinstance(r, dict):
+    raise DataError(f"{path}: record {name} is not an object")
+  missing = [k for k in REQUIRED if k not in r]
+  if missing:
+    raise DataError(f"{path}: record {name} lacks {missing}")
+  if r["task_type"] not in _tasks.names():
+    raise DataError(f"{path}: record {name} has unknown task_type {r['task_type']!r}; "
+                    f"choose from {_tasks.names()}")
+  task = _tasks.get(r["task_type"])
+  if not isinstance(r["question"], dict):
+    raise DataError(f"{path}: record {name}: question must be an object")
+  try:
+    task.check_instance(r["question"])
+  except ValueError as e:
+    raise DataError(f"{path}: record {name}: question: {e}") from None
+  if r.get("ground_truth") is not None:
+    try:
+      r["ground_truth"] = check_ground_truth(r["ground_truth"], task)
+    except ValueError as e:
+      shown = repr(r["ground_truth"])
+      shown = shown if len(shown) <= 24 else shown[:20] + "..."
+      raise DataError(f"{path}: record {name}: ground_truth={shown} {e}") from None
+  if "prompt" in r and not (isinstance(r["prompt"], str) and r["prompt"].strip()):
+    raise DataError(f"{path}: record {name}: prompt must be non-empty text")
+  if r.get("level") is not None and r["level"] not in _tasks.LEVELS:
+    raise DataError(f"{path}: record {name}: level {r['level']!r} is not one of {_tasks.LEVELS}")
+  if r.get("key") and not r["key"].startswith(r["task_type"] + "_"):
+    raise DataError(f"{path}: record {name}: key names another task than its task_type "
+                    f"{r['task_type']!r} (NP-Bench keys are <task>_<level>_question<N>)")
+
+
+def read_npbench_named(path: str) -> tuple[list[dict], list[str]]:
+  """(records, how messages name each: its key, index or line) of an NP-Bench file (keyed
+  object, JSON list or JSONL), each checked (`check_record`); an error names the file, the
+  record and the field."""
+  records, names = _parse_file(path)
+  if not records:
+    raise DataError(f"{path}: holds no records")
+  for name, r in zip(names, records):
+    check_record(path, name, r)
+  return records, names
+
+
+def read_npbench(path: str) -> list[dict]:
+  """The checked records of an NP-Bench file (`read_npbench_named`)."""
+  return read_npbench_named(path)[0]
 
 
 def npbench_keys(records: Iterable[dict]) -> list[str]:

@@ -13,6 +13,7 @@ from dmpo_jax.tasks.common import Problem, cp_model, solve
 
 class MinimumBisection(Task):
   key = "minimum-cut"
+  vertex_values = (dict,)  # a weight matrix: {"u": {"v": w}}
   title = "Balanced minimum bisection"
   category = "partition"
   direction = "min"

@@ -34,6 +34,7 @@ def _check_closed(p_n, path, what):
 
 class TSP(Task):
   key = "TSP"
+  vertex_values = (dict,)  # a distance matrix: {"u": {"v": d}}
   title = "Travelling salesman"
   category = "planning"
   direction = "min"

@@ -16,6 +16,7 @@ STEP = 30
 
 class MeetingSchedule(Task):
   key = "meeting-schedule"
+  fields = {"meetings": (dict,), "attendee_availability": (dict,), "rooms": (dict,)}
   title = "Meeting scheduling"
   category = "schedule"
   direction = "max"

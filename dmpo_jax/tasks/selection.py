@@ -31,6 +31,7 @@ def _union(p, ids) -> frozenset:
 # ---------------------------------------------------------------------------
 class SetCover(Task):
   key = "set-cover"
+  fields = {"U": (list,), "S": (dict,)}
   title = "Set cover"
   category = "selection"
   direction = "min"
@@ -212,6 +213,7 @@ def _best_count_subset(values: dict, target: int, allowed=None):
 
 class SubsetSum(Task):
   key = "subset-sum"
+  fields = {"target": (int,), "numbers": (dict,)}
   title = "Subset sum"
   category = "selection"
   direction = "max"
@@ -368,6 +370,7 @@ def _knapsack_by_value(items: dict, capacity: int, ids: list):
 
 class Knapsack(Task):
   key = "knapsack"
+  fields = {"capacity": (int, float), "items": (dict,)}
   title = "0/1 knapsack"
   category = "selection"
   direction = "max"

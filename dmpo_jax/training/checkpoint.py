@@ -10,12 +10,21 @@ The reference policy of objectives that read one (a KL term, FlowRL) is its
 own item, ``checkpoints/reference``: written once when RL starts, outside
 the step rotation (``keep`` never deletes it), and restored on resume so that
 a resumed run regularises toward the same policy as an uninterrupted one.
+
+A damaged workdir (a disk that filled up, a copy cut short) can hold a step
+folder whose files are incomplete. `usable_step` finds the newest step whose
+metadata files are whole; newer damaged steps are moved to
+``checkpoints.damaged/`` (kept, not deleted) with a warning that names the
+file and what is wrong, and the run resumes from the older step.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
+import time
 
 import jax
 import orbax.checkpoint as ocp
@@ -28,16 +37,79 @@ from dmpo_jax.models.weights import CheckpointError  # noqa: F401
 REFERENCE = "reference"  # folder of the reference policy inside the checkpoint directory
 
 
+# The files of a step folder that must parse as JSON objects, with the keys they must hold.
+STEP_FILES = (("_CHECKPOINT_METADATA", ()), ("meta/metadata", ("step", "stage", "seed", "model_shape",
+                                                               "counters")),
+              ("state/_METADATA", ()))
+
+
 class Checkpointer:
 
   def __init__(self, directory: str, keep: int = 3):
+    if keep < 1:  # orbax's max_to_keep=0 deletes every checkpoint
+      raise CheckpointError(f"keep={keep}: at least one checkpoint must be kept")
     self.directory = os.path.abspath(directory)
-    self.mngr = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+    self.keep = keep
+    self.mngr = self._manager()
     self.reference_path = os.path.join(self.directory, REFERENCE)
+
+  def _manager(self):
+    return ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=True))
 
   def latest_step(self) -> int | None:
     return self.mngr.latest_step()
+
+  def damage(self, step: int) -> str | None:
+    """None when step's folder is whole, else '<file>: <what is wrong>'."""
+    d = os.path.join(self.directory, str(step))
+    for name, keys in STEP_FILES:
+      path = os.path.join(d, name)
+      try:
+        with open(path, encoding="utf-8") as f:
+          obj = json.load(f)
+      except FileNotFoundError:
+        return f"{path}: missing"
+      except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return f"{path}: {type(e).__name__}: {e}"
+      if not isinstance(obj, dict) or any(k not in obj for k in keys):
+        return f"{path}: not the expected record (keys {list(keys)})"
+    return None
+
+  def usable_step(self, set_aside: bool = True) -> int | None:
+    """The newest step whose files are whole (None: no step). Newer damaged steps are
+    reported, and with set_aside moved to checkpoints.damaged/, so that the run can save those
+    steps again. When no step is whole, the newest one's damage is a CheckpointError (nothing
+    is moved: there is nothing to fall back to)."""
+    steps = sorted(self._step_dirs(), reverse=True)
+    damaged = []
+    for step in steps:
+      why = self.damage(step)
+      if why is None:
+        break
+      damaged.append((step, why))
+    else:
+      if damaged:
+        raise CheckpointError(f"no usable checkpoint in {self.directory}: {damaged[0][1]}")
+      return None
+    for bad, why in damaged:
+      print(f"warning: skipping checkpoint {self.directory}/{bad} ({why}); resuming from step "
+            f"{step}" + (f" (moved to {self.directory}.damaged/)" if set_aside else ""), flush=True)
+      if set_aside:
+        aside = os.path.join(self.directory + ".damaged", f"{bad}-{int(time.time())}")
+        os.makedirs(os.path.dirname(aside), exist_ok=True)
+        shutil.move(os.path.join(self.directory, str(bad)), aside)
+    if damaged and set_aside:
+      self.mngr.close()
+      self.mngr = self._manager()  # it lists steps once
+    return step
+
+  def _step_dirs(self) -> list[int]:
+    """Step folders, whole or not (orbax's list skips some damaged ones but not all)."""
+    if not os.path.isdir(self.directory):
+      return []
+    return [int(n) for n in os.listdir(self.directory)
+            if n.isdigit() and os.path.isdir(os.path.join(self.directory, n))]
 
   def save(self, step: int, params, opt_state, meta: dict) -> None:
     """Save (synchronously); a step that is already saved is left as it is."""
@@ -49,7 +121,11 @@ class Checkpointer:
     self.mngr.wait_until_finished()
 
   def read_meta(self, step: int) -> dict:
-    return self.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    try:
+      return self.mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:  # orbax passes JSON and file errors through without the file
+      why = self.damage(step) or f"{type(e).__name__}: {e}"
+      raise CheckpointError(f"cannot read the record of checkpoint {self.directory}/{step}: {why}") from e
 
   def _checked_meta(self, step: int, model_shape: dict) -> dict:
     """The step's meta; a CheckpointError when it was written for another model shape."""

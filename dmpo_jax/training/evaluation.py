@@ -19,7 +19,14 @@ from dmpo_jax.tasks import diversity, scoring
 from dmpo_jax import sampling
 
 SUCCESS = ("feasible", "positive_ratio")
-TABLE_METRICS = ("SR@3", "QR@3", "SR_mean", "QR_mean", "distinct", "length")
+
+
+def table_metrics(k: int = 3) -> tuple[str, ...]:
+  """The table's columns: SR@k and QR@k at the evaluation's k, the means, diversity, length."""
+  return (f"SR@{k}", f"QR@{k}", "SR_mean", "QR_mean", "distinct", "length")
+
+
+TABLE_METRICS = table_metrics(3)  # NP-Bench's k
 
 
 def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int, k: int = 3,
@@ -38,6 +45,8 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
   chunk's image inputs, passed to sample_fn as a fourth argument."""
   if success not in SUCCESS:
     raise ValueError(f"success={success!r}; choose one of {SUCCESS}")
+  if not 1 <= k <= samples or any(not 1 <= p <= samples for p in pass_ks):
+    raise ValueError(f"k={k} and pass_ks={tuple(pass_ks)} must lie in 1..samples={samples}")
   problems, correct = [], []
   chunks = range(0, len(items), batch_prompts)
   if progress:
@@ -101,13 +110,16 @@ def summarize(problems, k: int = 3) -> dict:
     per_task[key] = {m: float(np.mean([r[m] for r in rows])) for m in rows[0]}
   agg = scoring.aggregate(scores, [tasks_lib.get(k).category for k in keys])
   return {"per_task": per_task, "categories": agg["categories"], "overall": agg["overall"],
-          "num_problems": len(problems),
+          "num_problems": len(problems), "k": k,
           # per task, whether each problem was solved (SR@k): keep/exploration rates
           "solved": {t: [bool(s[f"SR@{k}"]) for kk, s in problems if kk == t] for t in per_task}}
 
 
-def format_table(results: dict, before: dict | None = None, metrics=TABLE_METRICS) -> str:
-  """A text table per task and overall; with `before`, cells read 'before -> after'."""
+def format_table(results: dict, before: dict | None = None, metrics=None) -> str:
+  """A text table per task and overall (default columns: `table_metrics` at the results' k);
+  with `before`, cells read 'before -> after'."""
+  from dmpo_jax.training.report import best_of_k
+  metrics = metrics or table_metrics(best_of_k(results))
   head = f"{'task':24s}" + "".join(f"{m:>18s}" for m in metrics)
   lines = [head, "-" * len(head)]
   rows = list(results["per_task"].items()) + [("overall (category mean)", results["overall"])]

@@ -30,23 +30,74 @@ def read_json(path: str):
     return json.load(f)
 
 
+def read_result(path: str, keys=()) -> tuple[dict | None, str | None]:
+  """(the JSON object at path, None), or (None, why) when the file is damaged: unreadable, not
+  JSON, not an object, or without one of `keys` (a finished result is then recomputed)."""
+  try:
+    obj = read_json(path)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    return None, f"{type(e).__name__}: {e}"
+  if not isinstance(obj, dict):
+    return None, f"holds a {type(obj).__name__}, not an object"
+  missing = [k for k in keys if k not in obj]
+  return (None, f"lacks {missing}") if missing else (obj, None)
+
+
+def plot_or_warn(plot, *args) -> None:
+  """A plot whose failure is a warning: plots come after the results, which they never lose."""
+  try:
+    plot(*args)
+  except Exception as e:  # matplotlib's errors are many; a missing figure is not worth a run
+    print(f"warning: could not draw {args[-1]} ({type(e).__name__}: {e})", flush=True)
+
+
 def _clean(v):
   v = float(v)
   return v if math.isfinite(v) else None
 
 
+def metrics_cut(path: str, resume_step: int | None) -> tuple[int | None, str | None]:
+  """Where metrics.jsonl is to be cut, and why: at a partial or unreadable last line (a write
+  that was interrupted), or at the first line logged after `resume_step` (steps are logged in
+  order; those lines are redone). (None, None): keep the file whole."""
+  with open(path, "rb") as f:
+    data = f.read()
+  offset = 0
+  lines = data.split(b"\n")
+  for i, line in enumerate(lines):
+    last = i == len(lines) - 1
+    if last and not line:  # the file ends with a newline
+      break
+    try:
+      row = json.loads(line) if line.strip() else None
+    except (ValueError, UnicodeDecodeError):
+      row = "damaged"
+    if last or (row == "damaged" and all(not l.strip() for l in lines[i + 1:])):
+      return offset, f"partial last line ({len(line)} bytes) dropped"
+    if isinstance(row, dict) and resume_step is not None and row.get("step", -1) > resume_step:
+      partial = not data.endswith(b"\n")
+      return offset, (f"partial last line ({len(lines[-1])} bytes) dropped" if partial else None)
+    offset += len(line) + 1
+  return None, None
+
+
 class MetricsWriter:
-  """Appends one JSON line per logged step to metrics.jsonl; mirrors scalars to TensorBoard."""
+  """Appends one JSON line per logged step to metrics.jsonl; mirrors scalars to TensorBoard.
+
+  The file is only ever appended to, one line per os.write on an O_APPEND descriptor, so a
+  kill leaves whole lines and at most a partial last one. On resume the lines logged after the
+  checkpoint (and a partial last line, with a warning) are cut off by truncation; the lines
+  before are never rewritten."""
 
   def __init__(self, workdir: str, tensorboard: bool = True, resume_step: int | None = None):
     self.path = os.path.join(workdir, "metrics.jsonl")
     os.makedirs(workdir, exist_ok=True)
-    if resume_step is not None and os.path.exists(self.path):
-      # drop lines logged after the checkpoint we resume from (they will be redone)
-      with open(self.path) as f:
-        keep = [l for l in f if l.strip() and json.loads(l).get("step", -1) <= resume_step]
-      with open(self.path, "w") as f:
-        f.writelines(keep)
+    if os.path.exists(self.path):
+      cut, why = metrics_cut(self.path, resume_step)
+      if why:
+        print(f"warning: {self.path}: {why}", flush=True)
+      if cut is not None:
+        os.truncate(self.path, cut)
     self.tb = None
     if tensorboard:
       try:
@@ -58,8 +109,11 @@ class MetricsWriter:
   def write(self, step: int, stage: str, metrics: dict) -> None:
     row = {"step": int(step), "stage": stage}
     row.update({k: _clean(v) for k, v in metrics.items()})
-    with open(self.path, "a") as f:
-      f.write(json.dumps(row) + "\n")
+    fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+      os.write(fd, (json.dumps(row) + "\n").encode())
+    finally:
+      os.close(fd)
     if self.tb is not None:
       for k, v in row.items():
         if k not in ("step", "stage") and v is not None:
@@ -71,10 +125,19 @@ class MetricsWriter:
 
 
 def read_metrics(path: str) -> list[dict]:
+  """The rows of metrics.jsonl; a damaged line is skipped with a warning naming it."""
   if not os.path.exists(path):
     return []
-  with open(path) as f:
-    return [json.loads(l) for l in f if l.strip()]
+  rows = []
+  with open(path, "rb") as f:
+    for i, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        rows.append(json.loads(line))
+      except (ValueError, UnicodeDecodeError) as e:
+        print(f"warning: {path}:{i} is damaged ({e}); skipped", flush=True)
+  return rows
 
 
 TRAIN_PLOTS = (("reward_mean", "reward"), ("qr_mean", "quality ratio (mean over samples)"),
@@ -102,10 +165,23 @@ def plot_training(rows: list[dict], path: str) -> None:
   _save(fig, path)
 
 
-def plot_before_after(before: dict | None, after: dict, path: str,
-                      metrics=("QR@3", "QR_mean", "distinct"), label: str = "policy") -> None:
-  """Per-task bars (and overall) of `metrics`; before=None draws one evaluation."""
+def best_of_k(result: dict) -> int:
+  """The k of an evaluation's SR@k / QR@k (its "k", else read from its metric names)."""
+  if "k" in result:
+    return int(result["k"])
+  ks = [int(m[3:]) for m in result.get("overall", {}) if m.startswith("QR@") and m[3:].isdigit()]
+  if not ks:
+    raise ValueError("the evaluation has no QR@k metric")
+  return ks[0]
+
+
+def plot_before_after(before: dict | None, after: dict, path: str, metrics=None,
+                      label: str = "policy") -> None:
+  """Per-task bars (and overall) of `metrics` (default QR@k at the evaluation's k, QR_mean,
+  distinct); before=None draws one evaluation."""
   from matplotlib.figure import Figure
+
+  metrics = metrics or (f"QR@{best_of_k(after)}", "QR_mean", "distinct")
 
   names = list(after["per_task"])
   fig = Figure(figsize=(5 * len(metrics), 3.6))

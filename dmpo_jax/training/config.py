@@ -1,0 +1,353 @@
+"""The training config's schema: every field's type and range, the cross-field checks, and the
+resume contract.
+
+A config is a file in configs/ (`get_config(arg)` returning a locked `ConfigDict`); every value
+lives there, and this module says what each field may hold. `check_config` runs before anything
+is built or written, so bad input costs nothing: each refusal is one line that names the field,
+the value and what is allowed (`ConfigError`; the CLIs print it and exit with status 2).
+
+The resume contract: a workdir's `config.json` is the config its checkpoints, metrics and
+evaluations were made under. A rerun whose config differs in a field that changes the result
+is refused with the differing fields listed (`check_resume`); the fields in `SAFE_TO_CHANGE`
+(logging, checkpoint cadence, the mesh) may change when the rerun names them
+(`--allow_config_change=log.every,checkpoint.keep`). `stop_at_step` is an instruction to one
+invocation, not part of the run, and is never compared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import re
+from typing import Any, Callable
+
+from dmpo_jax import tasks as tasks_lib
+from dmpo_jax.objectives import presets, terms
+from dmpo_jax.parallel import sharding
+from dmpo_jax.tasks import base as tasks_base
+from dmpo_jax.tasks import optima as optima_lib
+
+
+class ConfigError(ValueError):
+  """Bad input in the config or the command line; the message is one line naming the field."""
+
+
+# ---------------------------------------------------------------------------
+# Field specs.
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """A field's type (`kind`) and range (`ok`); `allowed` says both in words for the message.
+  optional: the field may be absent (it belongs to some configs only, e.g. configs/collapse.py)."""
+  kinds: tuple
+  allowed: str
+  ok: Callable[[Any], bool] = lambda v: True
+  optional: bool = False
+
+
+def _is(v, kinds) -> bool:
+  if isinstance(v, bool):  # bool is an int in Python; an int field must not take True
+    return bool in kinds
+  return isinstance(v, kinds)
+
+
+def Int(lo: int | None = None, hi: int | None = None, *, optional=False, extra=()) -> Spec:
+  words = ("an int" + (f" >= {lo}" if lo is not None else "") + (f" and <= {hi}" if hi is not None else ""))
+  return Spec((int,), words + "".join(f" or {e}" for e in extra),
+              lambda v: v in extra or ((lo is None or v >= lo) and (hi is None or v <= hi)), optional)
+
+
+def Float(lo: float | None = None, *, open_lo=True, hi: float | None = None, optional=False) -> Spec:
+  words = "a finite number" + ("" if lo is None else f" {'>' if open_lo else '>='} {lo}") + (
+      "" if hi is None else f" and <= {hi}")
+  return Spec((int, float), words, lambda v: math.isfinite(v) and (
+      lo is None or (v > lo if open_lo else v >= lo)) and (hi is None or v <= hi), optional)
+
+
+def Bool(optional=False) -> Spec:
+  return Spec((bool,), "True or False", optional=optional)
+
+
+def Str(optional=False) -> Spec:
+  return Spec((str,), "a string", optional=optional)
+
+
+def Choice(names, optional=False) -> Spec:
+  names = tuple(names)
+  return Spec((str,), f"one of {list(names)}", lambda v: v in names, optional)
+
+
+def Ints(lo: int = 1, optional=False) -> Spec:
+  return Spec((tuple, list), f"a non-empty list of ints >= {lo}", lambda v: len(v) > 0 and all(
+      _is(x, (int,)) and x >= lo for x in v), optional)
+
+
+def Strs(names, optional=False) -> Spec:
+  names = tuple(names)
+  return Spec((tuple, list), f"a non-empty list of {list(names)}",
+              lambda v: len(v) > 0 and all(x in names for x in v), optional)
+
+
+ANY = Spec((object,), "anything")
+DTYPES = ("float32", "bfloat16", "float16")
+MODALITIES = ("image", "blank", "text")  # multimodal.MODALITIES (that module imports training/)
+MESH_AXIS = Int(1, extra=(-1,))  # -1: all remaining devices
+
+# Every field of every config in configs/, with its type and range. Values live in configs/;
+# cross-field rules are in `check_config`.
+SCHEMA: dict[str, Spec] = {
+    "seed": Int(0),
+    "tasks": Str(),
+    "level": Choice(tasks_base.LEVELS),
+    "prompt_style": Choice(tasks_base.PROMPT_STYLES + tasks_base.IMAGE_STYLES),
+    "chat_template": Bool(),
+    "stop_at_step": Int(-1),
+    "model.init": Spec((str,), "'scratch' or a local Hugging Face folder",
+                       lambda v: v == "scratch" or os.path.isdir(v)),
+    "model.tokenizer": Str(),
+    "model.hidden_size": Int(1), "model.intermediate_size": Int(1), "model.num_layers": Int(1),
+    "model.num_heads": Int(1), "model.num_kv_heads": Int(1), "model.head_dim": Int(1),
+    "model.rope_theta": Float(0), "model.dtype": Choice(DTYPES), "model.param_dtype": Choice(DTYPES),
+    "model.max_prompt_len": Int(1), "model.max_new_tokens": Int(1), "model.remat": Bool(),
+    "model.vision": Spec((dict, object), "a dict of vision-tower sizes", optional=True),
+    "model.mrope_section": Ints(1, optional=True),
+    "sft.steps": Int(0), "sft.batch_size": Int(1), "sft.lr": Float(0), "sft.warmup": Int(0),
+    "sft.solutions_per_instance": Int(1), "sft.targets": Choice(("sampled", "optimal")),
+    "sft.freeze_vision": Bool(), "sft.vision_lr_scale": Float(0),
+    "dph.num_prompts": Int(1), "dph.samples": Int(1), "dph.temperature": Float(0),
+    "dph.correct": Choice(("feasible", "optimal")), "dph.pef_threshold": Float(0, hi=1.0),
+    "dph.batch": Int(1), "dph.weighting": Choice(("separate", "per_sample")),
+    "rl.algo": Choice(presets.preset_names()), "rl.steps": Int(0), "rl.prompts_per_step": Int(1),
+    "rl.group_size": Int(1), "rl.lr": Float(0), "rl.temperature": Float(0),
+    "rl.top_p": Float(0, hi=1.0), "rl.max_grad_norm": Float(0), "rl.curriculum": Str(),
+    "rl.rollout_chunks": Int(1), "rl.micro_batches": Int(0), "rl.nonfinite_patience": Int(1),
+    "rl.check_recompile": Bool(), "rl.freeze_vision": Bool(), "rl.vision_lr_scale": Float(0),
+    "rl.log_term_grads": Int(0),
+    "rl.objective.*": ANY,  # each checked by presets.objective_config, which names it
+    "rl.reward.format_bonus": Float(0, open_lo=False), "rl.reward.cap": Float(0),
+    "rl.reward.ground_truth": Choice(("reference", "optimal")),
+    "rl.reward.compat": Choice(tasks_base.COMPAT),
+    "eval.num_per_task": Int(1), "eval.samples": Int(1), "eval.k": Int(1),
+    "eval.temperature": Float(0), "eval.pass_ks": Ints(1), "eval.batch_prompts": Int(1),
+    "eval.modalities": Strs(MODALITIES, optional=True),
+    "checkpoint.every": Int(1), "checkpoint.keep": Int(1), "checkpoint.export_hf": Bool(),
+    "mesh.data": MESH_AXIS, "mesh.fsdp": MESH_AXIS, "mesh.tensor": MESH_AXIS,
+    "log.every": Int(1), "log.tensorboard": Bool(), "log.plots": Bool(), "log.progress": Bool(),
+    # configs/collapse.py only (the section is absent elsewhere: no collapse metrics)
+    "collapse.limit": Int(1, optional=True), "collapse.time_limit": Float(0, optional=True),
+    "collapse.min_optima": Int(0, optional=True), "collapse.max_optima": Int(1, optional=True),
+    "collapse.keep_k": Int(1, optional=True),
+    "collapse.correct": Strs(("feasible", "optimal"), optional=True),
+    "collapse.pool": Int(0, optional=True),
+    # image prompts (configs/mm_nphard*.py only)
+    "image.size": Int(128, optional=True), "image.min_pixels": Int(1, optional=True),
+    "image.max_pixels": Int(1, optional=True), "image.patch_budget": Int(1, optional=True),
+    "image.cache": Int(0, optional=True),
+}
+
+# Fields a resume may change when --allow_config_change names them: they change how a run is
+# logged, saved or laid out on devices, not what it computes.
+SAFE_TO_CHANGE = ("log.every", "log.tensorboard", "log.plots", "log.progress", "checkpoint.every",
+                  "checkpoint.keep", "checkpoint.export_hf", "mesh.data", "mesh.fsdp", "mesh.tensor",
+                  "rl.check_recompile", "rl.nonfinite_patience")
+NEVER_COMPARED = ("stop_at_step",)  # an instruction to this invocation, not part of the run
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+  """{"rl.lr": 3e-4, ...} of a nested dict (a ConfigDict's to_dict(), or config.json)."""
+  out = {}
+  for k, v in d.items():
+    path = prefix + str(k)
+    if isinstance(v, dict) and path != "model.vision":  # model.vision is one value
+      out.update(flatten(v, path + "."))
+    else:
+      out[path] = v
+  return out
+
+
+def spec_of(path: str) -> Spec | None:
+  if path in SCHEMA:
+    return SCHEMA[path]
+  parent = path.rsplit(".", 1)[0] + ".*"
+  return SCHEMA.get(parent)
+
+
+def suggest(name: str, options) -> str:
+  close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
+  return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def check_fields(cfg) -> None:
+  """Each field against SCHEMA: present (unless optional), of its type, in its range; no
+  undeclared fields."""
+  flat = flatten(cfg.to_dict())
+  for path, value in flat.items():
+    spec = spec_of(path)
+    if spec is None:
+      raise ConfigError(f"config.{path}={value!r} is not a known field{suggest(path, SCHEMA)} "
+                        "(a new field is declared in dmpo_jax/training/config.py SCHEMA)")
+    if spec is ANY:
+      continue
+    if not _is(value, spec.kinds) or not spec.ok(value):
+      raise ConfigError(f"config.{path}={value!r}: must be {spec.allowed}")
+  for path, spec in SCHEMA.items():
+    if not spec.optional and not path.endswith(".*") and path not in flat:
+      raise ConfigError(f"config.{path} is missing (must be {spec.allowed}; configs/nphard.py "
+                        "declares every field)")
+
+
+def task_keys(cfg) -> list[str]:
+  """config.tasks: "all", or task keys separated by "," or "+"."""
+  if cfg.tasks == "all":
+    return tasks_lib.names()
+  return [k.strip() for k in cfg.tasks.replace("+", ",").split(",") if k.strip()]
+
+
+def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
+  """Every field's type and range (SCHEMA), then the rules between fields; a ConfigError names
+  the first field that is wrong. Runs before anything is built or written."""
+  check_fields(cfg)
+  keys = task_keys(cfg)
+  unknown = [k for k in keys if k not in tasks_lib.names()]
+  if unknown or not keys:
+    raise ConfigError(f"config.tasks={cfg.tasks!r}: unknown task(s) {unknown}"
+                      f"{suggest(unknown[0], tasks_lib.names()) if unknown else ''}; "
+                      f"choose 'all' or keys of {tasks_lib.names()}")
+  m = cfg.model
+  if m.num_heads % m.num_kv_heads:
+    raise ConfigError(f"config.model.num_kv_heads={m.num_kv_heads} must divide "
+                      f"config.model.num_heads={m.num_heads}")
+  g = cfg.rl.group_size
+  if g < 2 and obj.advantage in terms.NEEDS_GROUP:
+    raise ConfigError(f"config.rl.group_size={g}: {obj.advantage} advantages need a group of at "
+                      "least 2 (a std or leave-one-out over one sample is undefined)")
+  if g < 2 and obj.dm_coef > 0:
+    raise ConfigError(f"config.rl.group_size={g}: DMPO's group distribution needs G >= 2")
+  rows = sharding.batch_rows(mesh)
+  for name, n in (("rl.prompts_per_step", cfg.rl.prompts_per_step), ("sft.batch_size", cfg.sft.batch_size),
+                  ("eval.batch_prompts", cfg.eval.batch_prompts), ("dph.batch", cfg.dph.batch)):
+    if n % rows:
+      raise ConfigError(f"config.{name}={n} must divide by the mesh's data x fsdp size ({rows})")
+  if cfg.eval.k > cfg.eval.samples:
+    raise ConfigError(f"config.eval.k={cfg.eval.k} exceeds config.eval.samples={cfg.eval.samples}")
+  big = [k for k in cfg.eval.pass_ks if k > cfg.eval.samples]
+  if big:
+    raise ConfigError(f"config.eval.pass_ks={tuple(cfg.eval.pass_ks)}: {big} exceed "
+                      f"config.eval.samples={cfg.eval.samples} (pass@k needs k <= samples)")
+  if cfg.sft.batch_size % cfg.sft.solutions_per_instance:
+    raise ConfigError(f"config.sft.batch_size={cfg.sft.batch_size} must divide by "
+                      f"config.sft.solutions_per_instance={cfg.sft.solutions_per_instance}")
+  chunks = cfg.rl.rollout_chunks
+  if cfg.rl.prompts_per_step % chunks or (cfg.rl.prompts_per_step // chunks * g) % rows:
+    raise ConfigError(f"config.rl.rollout_chunks={chunks} must divide rl.prompts_per_step="
+                      f"{cfg.rl.prompts_per_step}, and each piece's rows by the mesh's data x fsdp ({rows})")
+  mb = cfg.rl.micro_batches
+  if mb > 0 and (cfg.rl.prompts_per_step % mb or (cfg.rl.prompts_per_step // mb) % rows or (
+      obj.divergence is not None and cfg.dph.batch % mb)):
+    raise ConfigError(f"config.rl.micro_batches={mb} must be 0 (auto) or divide rl.prompts_per_step="
+                      f"{cfg.rl.prompts_per_step} (and dph.batch), leaving slices divisible by the "
+                      f"mesh's data x fsdp size ({rows})")
+  if "collapse" in cfg:
+    c = cfg.collapse
+    if c.max_optima < c.min_optima:
+      raise ConfigError(f"config.collapse.max_optima={c.max_optima} is below "
+                        f"config.collapse.min_optima={c.min_optima}")
+    if c.pool and cfg.eval.num_per_task > c.pool:
+      raise ConfigError(f"config.eval.num_per_task={cfg.eval.num_per_task} exceeds config.collapse.pool="
+                        f"{c.pool}: with a pool, evaluation is on the pool's instances")
+  if cfg.sft.targets == "optimal":
+    missing = [k for k in keys if k not in optima_lib.supported()]
+    if missing:
+      raise ConfigError(f"config.sft.targets='optimal' needs optimal-solution enumeration, which "
+                        f"{missing} lack (config.tasks); supported: {optima_lib.supported()}")
+
+
+# ---------------------------------------------------------------------------
+# The resume contract.
+def saved_config(workdir: str) -> dict | None:
+  """The workdir's config.json as a dict; None when there is none (a new run)."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      saved = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ConfigError(f"{path} is damaged ({type(e).__name__}: {e}); it is this workdir's contract: "
+                      "restore it (a checkpoint's meta holds the config) or use another --workdir") from e
+  if not isinstance(saved, dict):
+    raise ConfigError(f"{path} holds a {type(saved).__name__}, not a config object")
+  return saved
+
+
+def config_json(cfg) -> dict:
+  """The config as config.json holds it (JSON types: tuples become lists)."""
+  return json.loads(cfg.to_json_best_effort())
+
+
+def config_changes(saved: dict, cfg) -> dict:
+  """{path: (workdir's value, this config's)} for every compared field that differs."""
+  old, new = flatten(saved), flatten(config_json(cfg))
+  missing = object()
+  return {p: (old.get(p, "<absent>"), new.get(p, "<absent>"))
+          for p in sorted(set(old) | set(new))
+          if p not in NEVER_COMPARED and old.get(p, missing) != new.get(p, missing)}
+
+
+def check_allow(allow) -> tuple[str, ...]:
+  """--allow_config_change's names: each a field in SAFE_TO_CHANGE."""
+  allow = tuple(a.strip().removeprefix("config.") for a in allow if a.strip())
+  for a in allow:
+    if a not in SAFE_TO_CHANGE:
+      what = ("changes the result" if spec_of(a) is not None else
+              f"is not a config field{suggest(a, SCHEMA)}")
+      raise ConfigError(f"--allow_config_change={a}: {a} {what}; a resume may change only "
+                        f"{list(SAFE_TO_CHANGE)} (use another --workdir for another run)")
+  return allow
+
+
+def check_resume(cfg, workdir: str, allow=()) -> bool:
+  """Refuse a rerun of `workdir` whose config differs from its config.json, except in fields
+  `allow` names (each in SAFE_TO_CHANGE). Returns True when config.json is to be (re)written:
+  a new run, or allowed changes."""
+  allow = check_allow(allow)
+  saved = saved_config(workdir)
+  if saved is None:
+    return True
+  changes = config_changes(saved, cfg)
+  refused = {p: v for p, v in changes.items() if p not in allow}
+  if refused:
+    detail = "; ".join(f"{p}: {a!r} -> {b!r}" for p, (a, b) in refused.items())
+    safe = [p for p in refused if p in SAFE_TO_CHANGE]
+    hint = (f" ({', '.join(safe)} may change with --allow_config_change={','.join(safe)})"
+            if safe else "")
+    raise ConfigError(f"{workdir} holds a run with another config ({len(refused)} field(s) differ: "
+                      f"{detail}); rerun with its config.json's values or use another --workdir{hint}")
+  return bool(changes)
+
+
+# ---------------------------------------------------------------------------
+# Command-line errors.
+def flag_error(e: BaseException, argv) -> str:
+  """One line for an exception raised while absl parsed the command line: config_flags raises
+  AttributeError for an unknown --config.<field> (its suggestion on a second line), and wraps a
+  config file's own error in a traceback."""
+  raw = str(e).replace("\\n", "\n").replace("\\'", "'")
+  if isinstance(e, (AttributeError, KeyError)):
+    field = re.match(r"\W*(\w+)", raw)
+    flag = next((a for a in argv if field and a.startswith("--config.")
+                 and a.split("=", 1)[0].endswith("." + field.group(1))), None)
+    if flag:
+      path = flag.split("=", 1)[0][len("--config."):]
+      hint = re.search(r'Did you mean "([\w.]+)"', raw)
+      parent = path.rsplit(".", 1)[0] + "." if "." in path else ""
+      return (f"{flag.split('=', 1)[0]}: config has no field {path!r}"
+              + (f"; did you mean {parent + hint.group(1)!r}?" if hint else ""))
+  if "Traceback" in raw:  # the config file's own error is the traceback's last line
+    last = [l.strip() for l in raw.splitlines() if l.strip()][-1]
+    flag = ([a for a in argv if a.startswith("--config=")] or ["--config"])[-1]  # absl: the last wins
+    return f"{flag}: {re.sub(r'^[A-Za-z_.]*(Error|Exception): ', '', last)}"
+  text = " ".join(raw.split())
+  return re.sub(r"^flag (--\S+)", r"\1", text)
