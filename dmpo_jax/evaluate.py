@@ -295,7 +295,7 @@ def run():
 def write_outputs(res: dict, table: str, plots: dict) -> None:
   """eval.json and table.txt (atomically), then the plots: a plot that fails is a warning."""
   report.write_json(res, os.path.join(FLAGS.out, "eval.json"))
-  data_lib._atomic_write(os.path.join(FLAGS.out, "table.txt"), lambda f: f.write(table + "\n"))
+  data_lib.atomic_write(os.path.join(FLAGS.out, "table.txt"), lambda f: f.write(table + "\n"))
   for name, r in plots.items():
     report.plot_or_warn(report.plot_before_after, None, r, os.path.join(FLAGS.out, name))
   print(table)

@@ -199,11 +199,11 @@ def write_npbench(records: Iterable[dict], path: str) -> int:
   obj = {k: {f: v for f, v in r.items()
              if f != "key" and not (f == "level" and v == level_of_key(k))}
          for k, r in zip(keys, records)}
-  _atomic_write(path, lambda f: json.dump(obj, f, indent=1))
+  atomic_write(path, lambda f: json.dump(obj, f, indent=1))
   return len(obj)
 
 
-def _atomic_write(path: str, write) -> None:
+def atomic_write(path: str, write) -> None:
   """Write through a temp file renamed into place: no half-written files."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
@@ -225,7 +225,7 @@ def write_jsonl(records: Iterable[dict], path: str) -> int:
     for r in records:
       f.write(json.dumps(r) + "\n")
       n += 1
-  _atomic_write(path, write)
+  atomic_write(path, write)
   return n
 
 

@@ -116,7 +116,7 @@ SCHEMA: dict[str, Spec] = {
     "sft.steps": Int(0), "sft.batch_size": Int(1), "sft.lr": Float(0), "sft.warmup": Int(0),
     "sft.solutions_per_instance": Int(1), "sft.targets": Choice(("sampled", "optimal")),
     "sft.freeze_vision": Bool(), "sft.vision_lr_scale": Float(0),
-    "dph.num_prompts": Int(1), "dph.samples": Int(1), "dph.temperature": Float(0),
+    "dph.num_prompts": Int(1), "dph.samples": Int(1),
     "dph.correct": Choice(("feasible", "optimal")), "dph.pef_threshold": Float(0, hi=1.0),
     "dph.batch": Int(1), "dph.weighting": Choice(("separate", "per_sample")),
     "rl.algo": Choice(presets.preset_names()), "rl.steps": Int(0), "rl.prompts_per_step": Int(1),
