@@ -70,6 +70,9 @@ SHARE_SAFE = ("rl.algo", "rl.objective.", "rl.steps", "rl.prompts_per_step", "rl
               "dph.",
               "stop_at_step", "log.", "checkpoint.")
 SFT_DIR = "_sft"
+# Evaluations of the SFT policy that every run of a seed shares: before RL, and the first
+# evaluation point along RL (training/points.py; redone where a run's temperature differs).
+SHARED_EVALS = ("eval_before.json", "points/rl0.json")
 CACHE_DIR = "_jax_cache"
 
 
@@ -221,6 +224,7 @@ def is_finished(workdir: str) -> bool:
 
 
 def _copy_file(src: str, dst: str) -> None:
+  os.makedirs(os.path.dirname(dst), exist_ok=True)
   tmp = dst + ".tmp"
   shutil.copyfile(src, tmp)
   os.replace(tmp, dst)
@@ -259,8 +263,9 @@ def seed_run_folder(sft_dir: str, workdir: str, sft_steps: int) -> None:
   os.makedirs(os.path.join(tmp, "checkpoints"))
   shutil.copytree(os.path.join(sft_dir, "checkpoints", str(sft_steps)),
                   os.path.join(tmp, "checkpoints", str(sft_steps)))
-  for f in ("metrics.jsonl", "eval_before.json"):
+  for f in ("metrics.jsonl",) + SHARED_EVALS:
     if os.path.exists(os.path.join(sft_dir, f)):
+      os.makedirs(os.path.dirname(os.path.join(tmp, f)), exist_ok=True)
       shutil.copyfile(os.path.join(sft_dir, f), os.path.join(tmp, f))
   if os.path.isdir(workdir):  # e.g. only a sweep_error.txt from an earlier failed attempt
     shutil.copytree(tmp, workdir, dirs_exist_ok=True)
@@ -280,15 +285,16 @@ def execute(run: Run, out: str, train_fn, log=print) -> dict:
     sft_dir = prepare_sft(train_fn, run, out, log)
     if not os.path.isdir(os.path.join(wd, "checkpoints")):
       seed_run_folder(sft_dir, wd, run.cfg.sft.steps)
-    elif (not os.path.exists(os.path.join(wd, "eval_before.json"))
-          and os.path.exists(os.path.join(sft_dir, "eval_before.json"))):
-      _copy_file(os.path.join(sft_dir, "eval_before.json"), os.path.join(wd, "eval_before.json"))
+    else:
+      for f in SHARED_EVALS:
+        if not os.path.exists(os.path.join(wd, f)) and os.path.exists(os.path.join(sft_dir, f)):
+          _copy_file(os.path.join(sft_dir, f), os.path.join(wd, f))
   try:
     return call_train(train_fn, run.cfg, wd)
   finally:
-    if sft_dir and os.path.exists(os.path.join(wd, "eval_before.json")) and not os.path.exists(
-        os.path.join(sft_dir, "eval_before.json")):
-      _copy_file(os.path.join(wd, "eval_before.json"), os.path.join(sft_dir, "eval_before.json"))
+    for f in SHARED_EVALS if sft_dir else ():
+      if os.path.exists(os.path.join(wd, f)) and not os.path.exists(os.path.join(sft_dir, f)):
+        _copy_file(os.path.join(wd, f), os.path.join(sft_dir, f))
 
 
 def write_manifest(out: str, args: dict, runs: list[Run]) -> None:

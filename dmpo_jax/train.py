@@ -36,7 +36,7 @@ from ml_collections import config_flags
 
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.parallel import distributed as dist
-from dmpo_jax.training import evaluation, pipeline, report, steps
+from dmpo_jax.training import evaluation, instances, pipeline, report, steps
 from dmpo_jax import multimodal
 from dmpo_jax.parallel import sharding
 from dmpo_jax import tasks as tasks_lib
@@ -48,6 +48,7 @@ from dmpo_jax.tasks import diversity
 from dmpo_jax.tasks import optima as optima_lib
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.training import dph
+from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.rollout import collect_rollouts, make_sampler
 from dmpo_jax.training.state import LOG_Z_SEED_OFFSET, TrainState, checkpoint_meta
 from dmpo_jax.training.update import auto_micro_batches, make_optimizer, micro_batches, update
@@ -65,6 +66,8 @@ def define_flags():
                       "(or JAX_COORDINATOR_ADDRESS; automatic on TPU pods and SLURM)")
   flags.DEFINE_integer("num_processes", None, "multi-process: number of processes (or JAX_NUM_PROCESSES)")
   flags.DEFINE_integer("process_id", None, "multi-process: this process's index (or JAX_PROCESS_ID)")
+  flags.DEFINE_bool("dry_run", False, "write workdir/instances.json (every SFT, RL and evaluation "
+                    "instance, in order) and stop, without building a model")
 
 
 SFT_TARGETS = ("sampled", "optimal")  # config.sft.targets (see sft_batch)
@@ -354,10 +357,7 @@ def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
   obj = objective_from_config(cfg)
   mesh = sharding.make_mesh(dict(cfg.mesh))
   check_config(cfg, obj, mesh)
-  taskset = pipeline.TaskSet(task_keys(cfg), cfg.level, cfg.seed,
-                             pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level),
-                             collapse=pipeline.Collapse.from_config(cfg),
-                             pool=int((cfg.get("collapse") or {}).get("pool", 0)))
+  taskset = instances.taskset_from_config(cfg, task_keys(cfg))
   reward_cfg = rewards_lib.RewardConfig(**dict(cfg.rl.reward))
   if dist.is_main():
     report.write_json(json.loads(cfg.to_json_best_effort()), os.path.join(workdir, "config.json"))
@@ -499,6 +499,10 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     state = dataclasses.replace(state, reference=reference_policy(run.ckpt, state, cfg.sft.steps))
   reference = state.reference
   ref_fn = (lambda seqs: logprob_eval(reference, seqs)) if reference is not None else None
+  # Evaluation points along RL (config.eval.points): they read the policy at the start of RL.
+  points = eval_points.Points(run, reference if reference is not None or not cfg.eval.get("points") else
+                              reference_policy(run.ckpt, state, cfg.sft.steps))
+  points.maybe(state)
   consecutive, first_rl = 0, state.step
   traces0 = {k: steps.TRACES[k] for k in ("rl_update", "rl_update_terms")}
   with multimodal.Prefetch(run.encoder) as prefetch:  # image prompts: the next step's renders
@@ -540,6 +544,7 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
                                         "qr": f"{row['qr_mean']:.3f}", "distinct": f"{row['distinct']:.2f}"})
       if state.step % cfg.checkpoint.every == 0 or state.step == total:
         run.save(state, "rl")
+      points.maybe(state)
       if run.maybe_stop(state, "rl", stop):
         return state, True
   return state, False
@@ -648,6 +653,9 @@ def main(argv):
     raise app.UsageError("--workdir is required")
   if not FLAGS["verbosity"].present:  # orbax logs every save at INFO; -v 0 brings it back
     logging.set_verbosity(logging.WARNING)
+  if FLAGS.dry_run:
+    print(instances.summary(instances.write(FLAGS.config, FLAGS.workdir, task_keys(FLAGS.config))))
+    return
   dist.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   try:
     train(FLAGS.config, FLAGS.workdir)
