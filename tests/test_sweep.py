@@ -33,12 +33,13 @@ def test_settings_cover_the_issue_list_and_share_sft():
   for label, over in sweep.SETTINGS.items():
     c = sweep.apply_overrides(cfg, over, label)  # every field exists and takes its value
     seen[label] = (c.rl.algo, c.rl.group_size, c.rl.objective.dm_coef, c.rl.objective.dm_alpha,
-                   c.rl.objective.kl_coef, c.rl.objective.policy_loss, c.dph.weighting)
+                   c.rl.objective.kl_coef, c.rl.objective.policy_loss, c.dph.weighting, c.rl.lr,
+                   c.rl.objective.div_coef, c.rl.prompts_per_step)
     assert sweep.sft_key(c) == sweep.sft_key(cfg), f"{label} would not share the SFT stage"
   assert len(set(seen.values())) == len(seen), "two labels run the same setting"
-  assert {l for l, s in seen.items() if s[1] == 16} == {"grpo-g16", "dmpo-2-a1_15-g16"}
+  assert {l for l, s in seen.items() if s[1] == 16} == {"grpo-g16", "dmpo-2-a1_15-g16", "grpo-g16-samples"}
   assert seen["dmpo"][2:4] == (0.5, 1.0) and seen["dmpo-20-a1_15"][2:4] == (20.0, 1 / 15)
-  assert sorted(s[4] for l, s in seen.items() if l.startswith("rkl")) == [0.01, 0.1]
+  assert sorted(s[4] for l, s in seen.items() if l.startswith("rkl")) == [0.01, 0.04, 0.1, 0.16, 0.64]
   assert seen["dm_only-2-a1_15"][5] == "none"
   assert seen["dph_f"][6] == "per_sample" and seen["dph_f-sep"][6] == "separate"
   assert cfg.rl.group_size == 8  # the config itself is untouched
