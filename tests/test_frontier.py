@@ -60,6 +60,8 @@ def test_split_sets_are_distinct_and_training_draws_from_the_right_sets():
   sft = {splits.instance_id(k, q) for s in range(30) for k, q in ts.train("sft", s, 4)}
   rl = {splits.instance_id(k, q) for s in range(30) for k, q in ts.train("rl", s, 4)}
   assert sft == a and rl == ab  # 120 draws reach every instance of its set, and nothing else
+  for stage in ("sft", "rl"):  # the tasks cycle as in the stream
+    assert [k for k, _ in ts.train(stage, 3, 4)] == ["GCP-D", "subset-sum"] * 2
   assert {splits.instance_id(k, q) for k, q in ts.held_out(99)} == c
   # DPH's candidates (the pool, A then B) cover every task in its first rows
   assert [k for k, _ in ts.pool_items()[:2]] == ["GCP-D", "subset-sum"]
@@ -95,8 +97,9 @@ def test_dry_run_is_disjoint_for_the_shipped_configs(tmp_path):
   b = {splits.instance_id(t, q) for t, q in out["splits"]["B"]}
   assert len(ids["eval"]) == len(set(ids["eval"])) == 4 * 8
   assert not set(ids["eval"]) & (set(ids["sft"]) | set(ids["rl"]))
-  assert not set(ids["sft"]) & b and set(ids["rl"]) >= b
-  assert len(set(ids["sft"])) == 4 * 16 and len(set(ids["rl"])) <= 4 * 32
+  ab = b | {splits.instance_id(t, q) for t, q in out["splits"]["A"]}
+  assert not set(ids["sft"]) & b and set(ids["rl"]) & b and set(ids["rl"]) <= ab
+  assert len(set(ids["sft"])) == 4 * 16 and len(ab) == 4 * 32
   assert out["checks"]["disjoint"]
   cfg = sweep.load_config(CONFIG + ":regime=stream,sft_steps=200")
   res = instances.write(cfg, str(tmp_path / "stream"), cfg.tasks.split(","))

@@ -276,5 +276,10 @@ def test_sweep_end_to_end_shared_sft_and_resume(tmp_path):
   a, b = wd("dmpo", 0), os.path.join(solo, "dmpo", "seed0")
   assert all(x["grad_norm"] > 0 for x in rows(a, "rl"))
   assert rows(a) == rows(b)
-  for f in ("eval_before.json", "eval_after.json"):
+  for f in ("eval_before.json", "eval_after.json", "points/rl0.json", "points/rl3.json"):
     assert report.read_json(os.path.join(a, f)) == report.read_json(os.path.join(b, f)), f
+  # the shared start point came from the seed's SFT folder; dmpo moved away from the start
+  assert os.path.exists(os.path.join(out, "_sft", "seed0", "points", "rl0.json"))
+  end = report.read_json(os.path.join(a, "points", "rl3.json"))["sets"]["A"]["overall"]
+  start = report.read_json(os.path.join(a, "points", "rl0.json"))["sets"]["A"]["overall"]
+  assert start["kl_k1"] == 0.0 and end["kl_k1"] != 0.0 and end["kl_k3"] > 0.0

@@ -141,12 +141,13 @@ class TaskSet:
 
   def train(self, stage: str, step: int, n: int) -> list[tuple[str, dict]]:
     """n (task key, instance) pairs for a stage ('sft', 'rl', 'dph') and step; tasks cycle."""
-    if self.pool and not (self.splits and stage == "sft" and self.sft_from == "stream"):
+    if self.splits and stage == "sft":
+      if self.sft_from == "A":
+        a = self.split_sets().A
+        return [a[self.pool_id(stage, step, i, n)] for i in range(n)]
+    elif self.pool:
       pool = self.pool_items()
       return [pool[self.pool_id(stage, step, i, n)] for i in range(n)]
-    if self.splits and stage == "sft" and self.sft_from == "A":
-      a = self.split_sets().A
-      return [a[self.pool_id(stage, step, i, n)] for i in range(n)]
     level = self.level_at(step) if stage == "rl" else self.level
     exclude = self.stream_exclude(stage)
     out = []
