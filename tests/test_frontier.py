@@ -259,3 +259,11 @@ def test_report_csv_holds_one_row_per_seed_and_label(tmp_path):
   (first, second) = fr["primary"]  # set A's two contrasts (set B is not in the fake points)
   assert first["contrast"] == "dmpo - rkl" and first["mean"] == pytest.approx((1.0 - 0.5) * 0.15)
   assert second["contrast"] == "dmpo - grpo-less-rl" and second["mean"] == pytest.approx((2.0 - 0.5) * 0.15)
+
+
+def test_points_samples_per_set():
+  assert points.parse_samples(64, ["A", "B", "C"]) == {"A": 64, "B": 64, "C": 64}
+  assert points.parse_samples("8", ["pool"]) == {"pool": 8}
+  assert points.parse_samples("A:32,B:64", ["A", "B", "C"]) == {"A": 32, "B": 64, "C": 0}
+  with pytest.raises(ValueError, match=r"\['D'\]"):
+    points.parse_samples("D:8", ["A", "B", "C"])

@@ -48,6 +48,8 @@ def checks(out: dict, taskset: pipeline.TaskSet) -> dict:
          "sft_eval_shared": len(ev & set(ids["sft"])), "rl_eval_shared": len(ev & set(ids["rl"]))}
   if taskset.splits:
     res["sft_in_B"] = len(set(ids["sft"]) & taskset.split_sets().ids("B"))
+  if taskset.pool and not taskset.splits:
+    res["pool"] = "evaluation is on the pool's instances, the ones trained on (by design)"
   res["disjoint"] = (res["eval_distinct"] and not res["sft_eval_shared"] and not res["rl_eval_shared"]
                      and not res.get("sft_in_B", 0))
   return res

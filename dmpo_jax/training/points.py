@@ -66,6 +66,26 @@ def instance_mean(res: dict, counts: dict) -> dict:
   return {m: float(sum(counts[t] * res[t][m] for t in res) / total) for m in sorted(metrics)}
 
 
+def parse_samples(value, names) -> dict:
+  """config.eval.points_samples: one count for every set (int or "64"), or per set ("A:32,B:64,C:0",
+  or a dict; a set left out or at 0 is not evaluated at the points)."""
+  if isinstance(value, str) and ":" not in value and value.strip().isdigit():
+    value = int(value)
+  if isinstance(value, int):
+    return dict.fromkeys(names, value)
+  if isinstance(value, str):
+    try:
+      value = {k.strip(): int(v) for k, _, v in (p.partition(":") for p in value.split(",") if p.strip())}
+    except ValueError:
+      raise ValueError(f"config.eval.points_samples={value!r}: expected N or 'A:32,B:64,...'") from None
+  value = dict(value)
+  unknown = sorted(set(value) - set(names))
+  if unknown or any(v < 0 for v in value.values()):
+    raise ValueError(f"config.eval.points_samples={value!r}: sets {unknown} are not among {names}, or a "
+                     "count is negative")
+  return {n: int(value.get(n, 0)) for n in names}
+
+
 def sets_of(taskset, cfg) -> dict:
   """The instance sets evaluated at each point: A, B, C (splits), else the pool or held-out."""
   if taskset.splits:
@@ -84,8 +104,9 @@ class Points:
     self.run, self.start = run, start_params
     cfg = run.cfg
     self.steps = point_steps(cfg.rl.steps, int(cfg.eval.get("points", 0)))
-    self.samples = int(cfg.eval.get("points_samples", 0) or cfg.eval.samples)
-    self._fns = None
+    self.sets = sets_of(run.taskset, cfg) if self.steps else {}
+    self.samples = parse_samples(cfg.eval.get("points_samples", 0) or cfg.eval.samples, list(self.sets))
+    self._samplers, self._logprob = {}, None
 
   @property
   def enabled(self) -> bool:
@@ -111,23 +132,26 @@ class Points:
 
   def evaluate(self, state, rl_step: int) -> dict:
     run, cfg = self.run, self.run.cfg
-    if self._fns is None:  # one sampler and one log-prob function (one compilation each)
-      sampler = run.sampler(run.sampling_config(self.samples, cfg.rl.temperature, cfg.rl.top_p))
-      logprob = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
-                                        shardings=(run.p_sh, run.data_sh, None))
-      self._fns = sampler, logprob
-    sampler, logprob = self._fns
+    if self._logprob is None:  # one log-prob function, one sampler per sample count
+      self._logprob = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
+                                              shardings=(run.p_sh, run.data_sh, None))
     out = {"rl_step": rl_step, "step": state.step, "temperature": cfg.rl.temperature,
            "samples": self.samples, "kl_estimator": "k1 (mean sequence log-ratio); k3 beside", "sets": {}}
-    for i, (name, items) in enumerate(sets_of(run.taskset, cfg).items()):
-      out["sets"][name] = self._one(state, items, sampler, logprob, jax.random.fold_in(state.eval_key(), 7919 + i))
+    for i, (name, items) in enumerate(self.sets.items()):
+      g = self.samples[name]
+      if not g:
+        continue
+      if g not in self._samplers:
+        self._samplers[g] = run.sampler(run.sampling_config(g, cfg.rl.temperature, cfg.rl.top_p))
+      out["sets"][name] = self._one(state, items, g, self._samplers[g], self._logprob,
+                                    jax.random.fold_in(state.eval_key(), 7919 + i))
     if dist.is_main():
       os.makedirs(os.path.dirname(self.path(rl_step)), exist_ok=True)
       report.write_json(out, self.path(rl_step))
     return out
 
-  def _one(self, state, items, sampler, logprob, rng) -> dict:
-    run, cfg, g = self.run, self.run.cfg, self.samples
+  def _one(self, state, items, g: int, sampler, logprob, rng) -> dict:
+    run, cfg = self.run, self.run.cfg
     bp = cfg.eval.batch_prompts
     terms, offset = [], [0]
 
@@ -143,7 +167,7 @@ class Points:
       return tokens, mask
 
     res = evaluation.evaluate(
-        sample_fn, run.encoder, items, samples=g, k=cfg.eval.k, pass_ks=tuple(cfg.eval.pass_ks),
+        sample_fn, run.encoder, items, samples=g, k=min(cfg.eval.k, g), pass_ks=tuple(cfg.eval.pass_ks),
         rng=rng, batch_prompts=bp, prompt_len=run.prompt_len, reward_cfg=run.reward_cfg,
         collapse=run.taskset.collapse)
     per_sample = {k: np.concatenate([t[k] for t in terms]).reshape(len(items), g) for k in KL_KEYS}
