@@ -432,6 +432,8 @@ def main(argv=None):
   ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                   help="override a config field in every run (repeatable), e.g. --set=rl.steps=120")
   ap.add_argument("--max_runs", type=int, default=None, help="start at most this many unfinished runs")
+  ap.add_argument("--seed_major", action="store_true", help="run seed by seed (every label of seed 0, "
+                  "then of seed 1, ...), so that a sweep cut short holds whole seeds")
   ap.add_argument("--no_share", action="store_true", help="every run trains its own SFT stage")
   ap.add_argument("--cache_dir", default=None, help=f"compilation cache (default <out>/{CACHE_DIR}; "
                   "'none' turns it off)")
@@ -448,6 +450,8 @@ def main(argv=None):
     labels = [m for l in args.presets.split(",") if l.strip()
               for m in ({"tier1": TIER1, "tier2": TIER2}.get(l.strip()) or [l.strip()])]
     runs = plan(base, labels, parse_seeds(args.seeds), parse_sets(args.set), share=not args.no_share)
+    if args.seed_major:
+      runs.sort(key=lambda r: r.seed)  # stable: labels keep their order within a seed
   except SweepError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
