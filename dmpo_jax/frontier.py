@@ -135,13 +135,19 @@ def matched(runs_points: dict, families: dict, split: str, x: str, y: str, targe
   return out
 
 
+MIN_SEEDS = 3  # a contrast on fewer paired seeds is reported as not estimable (p NaN)
+
+
 def contrasts(values: dict, pairs, confidence: float = 0.95) -> list[dict]:
   """Seed-paired tests of (a, b) family pairs on {family: {seed: v}}, Holm-adjusted over the
-  list; intervals at the Bonferroni level 1 - (1 - confidence) / m as well."""
+  list; intervals at the Bonferroni level 1 - (1 - confidence) / m as well. Pairs with fewer
+  than MIN_SEEDS seeds where both reach the target get p = NaN (left out of Holm's m)."""
   m = len(pairs)
   rows = []
   for a, b in pairs:
     r = paired_test(values.get(a, {}), values.get(b, {}), confidence)
+    if r["n"] < MIN_SEEDS:
+      r["p"] = math.nan
     rb = paired_test(values.get(a, {}), values.get(b, {}), 1 - (1 - confidence) / max(m, 1))
     rows.append(dict(r, contrast=f"{a} - {b}", low_bonferroni=rb["low"], high_bonferroni=rb["high"]))
   for r, ph in zip(rows, holm([r["p"] for r in rows])):
@@ -336,7 +342,21 @@ def markdown(result: dict, manifest: dict) -> str:
             for r in result[kind]]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows] + [""]
-  lines += ["Per-seed values: `per_seed.csv` (one row per seed and label), `points.csv` (one row per "
+  lines += ["## Matched values per method (mean [95% t-interval] over seeds that reach the target, n)", ""]
+  fams = sorted({f for v in result["matched"].values() for f in v})
+  keys = list(result["matched"])
+  lines += ["| method | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 1)]
+  for f in fams:
+    cells = []
+    for k in keys:
+      v = {s: x for s, x in result["matched"][k].get(f, {}).items() if _finite(x)}
+      if len(v) >= 2:
+        iv = stats.mean_ci(list(v.values()))
+        cells.append(f"{iv.mean:.3f} [{iv.low:.3f}, {iv.high:.3f}] n={iv.n}")
+      else:
+        cells.append(f"{_f(next(iter(v.values()), None))} n={len(v)}")
+    lines.append(f"| `{f}` | " + " | ".join(cells) + " |")
+  lines += ["", "Per-seed values: `matched.csv` (one row per comparison, method and seed), `per_seed.csv` (one row per seed and label), `points.csv` (one row per "
             "run, evaluation point and set; `*_by_category` columns: the mean of category means, the "
             "others: the mean over instances).", "", "![Pareto plots](pareto.png)", ""]
   return "\n".join(lines)
@@ -357,6 +377,9 @@ def write(out: str, runs: dict, manifest: dict, plots: bool = True) -> dict:
   families = {f: ls for f, ls in families.items() if ls}
   pairs = [tuple(p) for p in manifest.get("contrasts", [])]
   result = analyse(points, families, pairs, manifest.get("baseline", "grpo"))
+  write_csv([{"comparison": k, "method": f, "seed": seed, "value": x}
+             for k, v in result["matched"].items() for f, d in v.items() for seed, x in d.items()],
+            os.path.join(out, "matched.csv"))
   if plots:
     plot_pareto(points, families or {l: [l] for l in points}, os.path.join(out, "pareto.png"))
   with open(os.path.join(out, "frontier.md"), "w") as f:

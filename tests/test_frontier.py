@@ -189,6 +189,8 @@ def test_matched_families_and_contrasts_on_synthetic_curves():
   assert vals["keep"] == pytest.approx({s: 0.9 - 0.5 * 0.2 for s in range(5)})
   (row,) = frontier.contrasts(vals, [("keep", "grpo-less-rl")])
   assert row["mean"] == pytest.approx(0.3) and row["n"] == 5 and row["p"] == 0.0
+  few = {f: {s: v for s, v in d.items() if s < 2} for f, d in vals.items()}  # 2 seeds: not estimable
+  assert math.isnan(frontier.contrasts(few, [("keep", "grpo-less-rl")])[0]["p"])
   # the rule's target: start 0.5 + half of grpo's mean gain (its mean end is 0.82)
   tg = frontier.targets(pts, "grpo")
   assert tg[("A", "pass_optimal@1")] == pytest.approx(0.5 + 0.5 * 0.32)
@@ -253,6 +255,10 @@ def test_report_csv_holds_one_row_per_seed_and_label(tmp_path):
   assert float(r["A_coverage"]) == pytest.approx(0.9 - 2.0 * 0.3)  # the last point's
   with open(os.path.join(out, "points.csv")) as f:
     assert len(list(csv.DictReader(f))) == 3 * 3 * 4  # labels x seeds x points (one set)
+  with open(os.path.join(out, "matched.csv")) as f:
+    m = [r for r in csv.DictReader(f) if r["comparison"] == "A/coverage@pass_optimal@1"]
+  assert sorted((r["method"], r["seed"]) for r in m) == sorted(
+      (f, str(s)) for f in ("grpo-less-rl", "rkl", "dmpo") for s in range(3))
   md = open(os.path.join(out, "report.md")).read()
   assert "evaluated on set C" in md and "commit `abc`" in md
   fr = json.load(open(os.path.join(out, "frontier.json")))
