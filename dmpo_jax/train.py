@@ -357,6 +357,7 @@ def setup(cfg, workdir: str) -> tuple[Run, TrainState]:
   obj = objective_from_config(cfg)
   mesh = sharding.make_mesh(dict(cfg.mesh))
   check_config(cfg, obj, mesh)
+  eval_points.check_config(cfg)
   taskset = instances.taskset_from_config(cfg, task_keys(cfg))
   reward_cfg = rewards_lib.RewardConfig(**dict(cfg.rl.reward))
   if dist.is_main():

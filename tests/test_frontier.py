@@ -273,3 +273,8 @@ def test_points_samples_per_set():
   assert points.parse_samples("A:32,B:64", ["A", "B", "C"]) == {"A": 32, "B": 64, "C": 0}
   with pytest.raises(ValueError, match=r"\['D'\]"):
     points.parse_samples("D:8", ["A", "B", "C"])
+  cfg = sweep.load_config(CONFIG, smoke=True)
+  points.check_config(cfg)
+  cfg.eval.points_samples = "A:8,pool:8"  # the splits regime has no pool
+  with pytest.raises(ValueError, match="points_samples"):
+    points.check_config(cfg)

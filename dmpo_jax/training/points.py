@@ -86,6 +86,19 @@ def parse_samples(value, names) -> dict:
   return {n: int(value.get(n, 0)) for n in names}
 
 
+def check_config(cfg) -> None:
+  """config.eval.points (>= 0) and eval.points_samples (its sets), checked before anything is
+  built rather than when RL reaches the first point."""
+  n = cfg.eval.get("points", 0)
+  if not isinstance(n, int) or n < 0:
+    raise ValueError(f"config.eval.points={n!r}: the number of evaluation points along RL (>= 0)")
+  if n:
+    c = cfg.get("collapse") or {}
+    names = ["A", "B", "C"] if c.get("splits") or c.get("split_file") else (
+        ["pool"] if c.get("pool") else ["held_out"])
+    parse_samples(cfg.eval.get("points_samples", 0) or cfg.eval.samples, names)
+
+
 def sets_of(taskset, cfg) -> dict:
   """The instance sets evaluated at each point: A, B, C (splits), else the pool or held-out."""
   if taskset.splits:
