@@ -69,7 +69,7 @@ def _fmt(x: float) -> str:
 
 DMPO_LAMBDAS = (5.0, 20.0, 80.0, 320.0)       # at alpha = 1/15 (dmpo-20: gradient share ~0.17)
 DM_ONLY_LRS = (3e-5, 1e-4, 3e-4, 1e-3)        # Adam ignores a loss scale: the LR is the strength
-RKL_BETAS = (0.01, 0.04, 0.16, 0.64)
+RKL_BETAS = (0.01, 0.05, 0.25, 1.25)          # rkl-0.1: gradient share ~0.165
 DPH_ETAS = (0.02, 0.1, 0.5, 2.5)              # per-sample eta (the authors' weighting; default 0.05)
 GRPO_LRS = (1e-4, 3e-5)                       # "less RL" beside grpo's 3e-4
 for lam in DMPO_LAMBDAS:

@@ -39,7 +39,7 @@ def test_settings_cover_the_issue_list_and_share_sft():
   assert len(set(seen.values())) == len(seen), "two labels run the same setting"
   assert {l for l, s in seen.items() if s[1] == 16} == {"grpo-g16", "dmpo-2-a1_15-g16", "grpo-g16-samples"}
   assert seen["dmpo"][2:4] == (0.5, 1.0) and seen["dmpo-20-a1_15"][2:4] == (20.0, 1 / 15)
-  assert sorted(s[4] for l, s in seen.items() if l.startswith("rkl")) == [0.01, 0.04, 0.1, 0.16, 0.64]
+  assert sorted(s[4] for l, s in seen.items() if l.startswith("rkl")) == [0.01, 0.05, 0.1, 0.25, 1.25]
   assert seen["dm_only-2-a1_15"][5] == "none"
   assert seen["dph_f"][6] == "per_sample" and seen["dph_f-sep"][6] == "separate"
   assert cfg.rl.group_size == 8  # the config itself is untouched
