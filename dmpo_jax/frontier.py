@@ -235,9 +235,10 @@ PARETO = (("A", "pass_optimal@1", "coverage", "pass@1 (optimal) vs coverage, set
           ("A", "kl_k1", "coverage", "coverage vs KL(pi || pi_start) (k1), set A"))
 
 
-def plot_pareto(points: dict, families: dict, path: str) -> None:
+def plot_pareto(points: dict, families: dict, path: str, targets: dict | None = None) -> None:
   """Per-seed points (small) and each label's mean curve over seeds (line through its
-  evaluation points), coloured by family."""
+  evaluation points), coloured by family; a dotted line at each matching target
+  ({(set, x metric): value})."""
   from matplotlib.figure import Figure
   from dmpo_jax.sweep_report import _save
   fig = Figure(figsize=(5.2 * len(PARETO), 4.4))
@@ -259,13 +260,15 @@ def plot_pareto(points: dict, families: dict, path: str) -> None:
       fam = fam_of.get(label, label)
       ax.plot(mx, my, color=color, lw=1.2, marker="o", ms=2.5, label=None if fam in seen else fam)
       seen.add(fam)
+    if (targets or {}).get((split, x)) is not None:
+      ax.axvline(targets[(split, x)], color="black", ls=":", lw=1)
     ax.set_title(title, fontsize=9)
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     if seen:
       ax.legend(fontsize=7)
   fig.suptitle("each label: mean over seeds along its evaluation points (start, 1/3, 2/3, end); "
-               "dots: seeds", fontsize=9)
+               "dots: seeds; dotted: the matching target", fontsize=9)
   fig.tight_layout()
   _save(fig, path)
 
@@ -381,7 +384,8 @@ def write(out: str, runs: dict, manifest: dict, plots: bool = True) -> dict:
              for k, v in result["matched"].items() for f, d in v.items() for seed, x in d.items()],
             os.path.join(out, "matched.csv"))
   if plots:
-    plot_pareto(points, families or {l: [l] for l in points}, os.path.join(out, "pareto.png"))
+    plot_pareto(points, families or {l: [l] for l in points}, os.path.join(out, "pareto.png"),
+                targets(points, manifest.get("baseline", "grpo")))
   with open(os.path.join(out, "frontier.md"), "w") as f:
     f.write(markdown(result, manifest))
   safe = {k: v for k, v in result.items() if k != "matched"}
