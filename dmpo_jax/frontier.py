@@ -118,20 +118,42 @@ def read_points(workdir: str) -> dict:
   return dict(sorted(out.items()))
 
 
-def trajectory(points: dict, split: str, x: str, y: str, overall: str = "overall_instance") -> tuple:
-  """(xs, ys) of one run over its evaluation points on one instance set."""
-  rows = [p["sets"][split][overall] for p in points.values() if split in p.get("sets", {})]
-  rows = [r for r in rows if x in r and y in r]
-  return [r[x] for r in rows], [r[y] for r in rows]
+def set_row(point: dict, split: str, overall: str = "overall_instance") -> dict | None:
+  """A point's metrics on one set ("A"), or on a union of sets ("AB": the mean over the
+  instances of A and B, each set weighted by its number of instances); None if absent."""
+  sets = point.get("sets", {})
+  if split in sets:
+    return sets[split][overall]
+  parts = [sets.get(c) for c in split]
+  if len(split) < 2 or any(p is None for p in parts):
+    return None
+  w = [sum(p.get("num_per_task", {"_": 1}).values()) for p in parts]
+  keys = set.intersection(*(set(p[overall]) for p in parts))
+  return {k: sum(wi * p[overall][k] for wi, p in zip(w, parts)) / sum(w) for k in keys}
 
 
-def matched(runs_points: dict, families: dict, split: str, x: str, y: str, target: float) -> dict:
-  """{family: {seed: frontier value at x = target}} from {label: {seed: points}}."""
+def trajectory(points: dict, split: str, x: str, y: str, overall: str = "overall_instance",
+               y_split: str | None = None) -> tuple:
+  """(xs, ys) of one run over its evaluation points: x on set `split`, y on `y_split` (the
+  same set by default)."""
+  xs, ys = [], []
+  for p in points.values():
+    rx, ry = set_row(p, split, overall), set_row(p, y_split or split, overall)
+    if rx is not None and ry is not None and x in rx and y in ry:
+      xs.append(rx[x])
+      ys.append(ry[y])
+  return xs, ys
+
+
+def matched(runs_points: dict, families: dict, split: str, x: str, y: str, target: float,
+            y_split: str | None = None) -> dict:
+  """{family: {seed: frontier value at x = target}} from {label: {seed: points}}; x on set
+  `split`, y on `y_split` (default: the same)."""
   out = {}
   for fam, labels in families.items():
     seeds = sorted({s for l in labels for s in runs_points.get(l, {})})
-    out[fam] = {s: frontier({l: trajectory(runs_points[l][s], split, x, y) for l in labels
-                             if s in runs_points.get(l, {})}, target) for s in seeds}
+    out[fam] = {s: frontier({l: trajectory(runs_points[l][s], split, x, y, y_split=y_split)
+                             for l in labels if s in runs_points.get(l, {})}, target) for s in seeds}
   return out
 
 
@@ -230,9 +252,11 @@ def write_csv(rows: list[dict], path: str) -> None:
 
 # ---------------------------------------------------------------------------
 # Pareto plots.
-PARETO = (("A", "pass_optimal@1", "coverage", "pass@1 (optimal) vs coverage, set A"),
-          ("B", "pass_optimal@1", "pass_optimal@64", "pass@1 vs pass@64 (optimal), set B"),
-          ("A", "kl_k1", "coverage", "coverage vs KL(pi || pi_start) (k1), set A"))
+# (set of x, x, set of y, y, title): the gain is pass@1 on the RL prompts (A and B), as in
+# the pre-registered contrasts.
+PARETO = (("AB", "pass_optimal@1", "A", "coverage", "coverage on A vs optimal pass@1 on A+B"),
+          ("AB", "pass_optimal@1", "B", "pass_optimal@64", "optimal pass@64 on B vs optimal pass@1 on A+B"),
+          ("AB", "kl_k1", "A", "coverage", "coverage on A vs KL(pi || pi_start) (k1) on A+B"))
 
 
 def plot_pareto(points: dict, families: dict, path: str, targets: dict | None = None) -> None:
@@ -244,11 +268,11 @@ def plot_pareto(points: dict, families: dict, path: str, targets: dict | None = 
   fig = Figure(figsize=(5.2 * len(PARETO), 4.4))
   fam_of = {l: f for f, ls in families.items() for l in ls}
   fam_color = {f: f"C{i % 10}" for i, f in enumerate(families)}
-  for ax, (split, x, y, title) in zip(fig.subplots(1, len(PARETO)), PARETO):
+  for ax, (split, x, y_split, y, title) in zip(fig.subplots(1, len(PARETO)), PARETO):
     seen = set()
     for label, by_seed in points.items():
       color = fam_color.get(fam_of.get(label), "gray")
-      trajs = [trajectory(p, split, x, y) for p in by_seed.values()]
+      trajs = [trajectory(p, split, x, y, y_split=y_split) for p in by_seed.values()]
       trajs = [t for t in trajs if t[0]]
       if not trajs:
         continue
@@ -263,8 +287,8 @@ def plot_pareto(points: dict, families: dict, path: str, targets: dict | None = 
     if (targets or {}).get((split, x)) is not None:
       ax.axvline(targets[(split, x)], color="black", ls=":", lw=1)
     ax.set_title(title, fontsize=9)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+    ax.set_xlabel(f"{x} ({split})")
+    ax.set_ylabel(f"{y} ({y_split})")
     if seen:
       ax.legend(fontsize=7)
   fig.suptitle("each label: mean over seeds along its evaluation points (start, 1/3, 2/3, end); "
@@ -275,21 +299,24 @@ def plot_pareto(points: dict, families: dict, path: str, targets: dict | None = 
 
 # ---------------------------------------------------------------------------
 # The matched analysis of a sweep folder.
-# The pre-registered comparisons (docs/COLLAPSE.md): y on a set at matched x on the same set.
-PRIMARY = (("A", "pass_optimal@1", "coverage"), ("B", "pass_optimal@1", "pass_optimal@64"))
-EXPLORATORY = (("A", "kl_k1", "coverage"), ("B", "kl_k1", "pass_optimal@64"),
-               ("A", "pass_optimal@1", "distinct_optimal"), ("C", "pass_optimal@1", "coverage"))
+# The pre-registered comparisons (docs/COLLAPSE.md): (set of x, x, set of y, y). The gain is
+# optimal pass@1 on the RL prompts, A and B together ("AB"): what RL maximises.
+PRIMARY = (("AB", "pass_optimal@1", "A", "coverage"), ("AB", "pass_optimal@1", "B", "pass_optimal@64"))
+EXPLORATORY = (("AB", "kl_k1", "A", "coverage"), ("AB", "kl_k1", "B", "pass_optimal@64"),
+               ("A", "pass_optimal@1", "A", "coverage"), ("B", "pass_optimal@1", "B", "pass_optimal@64"),
+               ("AB", "pass_optimal@1", "A", "distinct_optimal"), ("AB", "pass_optimal@1", "C", "coverage"))
 TARGET_FRACTION = 0.5  # matched at the start's value + this share of the reference's gain
+MIN_GAIN = 0.02  # a reference gain in pass@1 below this leaves nothing to match (no target)
 
 
 def targets(points: dict, reference: str = "grpo", frac: float = TARGET_FRACTION) -> dict:
   """The matching targets, by the pre-registered rule: for x = pass@1 on a set, the mean
-  start value + frac x (the reference label's mean end value - the mean start value); for
-  x = KL, frac x the reference's mean end KL. Means over the reference's seeds.
-  {(set, x): target}."""
+  start value + frac x (the reference label's mean end value - the mean start value), none
+  when that gain is below MIN_GAIN; for x = KL, frac x the reference's mean end KL. Means
+  over the reference's seeds. {(set, x): target}."""
   runs = points.get(reference, {})
   out = {}
-  for split, x, _ in PRIMARY + EXPLORATORY:
+  for split, x, _, _ in PRIMARY + EXPLORATORY:
     start, end = [], []
     for pts in runs.values():
       xs, _ = trajectory(pts, split, x, x)
@@ -298,25 +325,30 @@ def targets(points: dict, reference: str = "grpo", frac: float = TARGET_FRACTION
         end.append(xs[-1])
     if start:
       s, e = float(np.mean(start)), float(np.mean(end))
-      out[(split, x)] = frac * e if x.startswith("kl") else s + frac * (e - s)
+      if x.startswith("kl"):
+        out[(split, x)] = frac * e
+      elif e - s >= MIN_GAIN:
+        out[(split, x)] = s + frac * (e - s)
   return out
 
 
 def analyse(points: dict, families: dict, pairs, reference: str = "grpo") -> dict:
   """Matched values per family and seed, and the contrasts: "primary" (PRIMARY x pairs,
-  Holm over all of them) and "exploratory" (EXPLORATORY x pairs, Holm within)."""
+  Holm over all of them) and "exploratory" (EXPLORATORY x pairs, Holm within). A spec
+  without a target (too small a reference gain) is listed under "no_target"."""
   tg = targets(points, reference)
   out = {"targets": {f"{s}/{x}": v for (s, x), v in tg.items()}, "matched": {}, "primary": [],
-         "exploratory": []}
+         "exploratory": [], "no_target": []}
   for kind, specs in (("primary", PRIMARY), ("exploratory", EXPLORATORY)):
     rows = []
-    for split, x, y in specs:
+    for split, x, y_split, y in specs:
       if (split, x) not in tg:
+        out["no_target"].append(f"{kind}: {y_split}/{y} at {split}/{x}")
         continue
-      vals = matched(points, families, split, x, y, tg[(split, x)])
-      out["matched"][f"{split}/{y}@{x}"] = vals
+      vals = matched(points, families, split, x, y, tg[(split, x)], y_split=y_split)
+      out["matched"][f"{y_split}/{y}@{split}/{x}"] = vals
       for r in contrasts(vals, pairs):
-        rows.append(dict(r, set=split, x=x, y=y, target=tg[(split, x)]))
+        rows.append(dict(r, set=y_split, x=f"{split}/{x}", y=y, target=tg[(split, x)]))
     for r, ph in zip(rows, holm([r["p"] for r in rows])):
       r["p_holm"] = float(ph)  # over the whole family of this kind
     out[kind] = rows
@@ -332,9 +364,12 @@ def markdown(result: dict, manifest: dict) -> str:
   for s in manifest.get("sessions", []):
     lines.append(f"- run on commit `{s.get('commit')}`, machine {s.get('machine')} ({s.get('cpus')} CPUs), "
                  f"started {s.get('started')}, wall {_f(s.get('wall_s'), 0)} s")
-  lines += ["", "Targets (pre-registered rule: start + 1/2 of `grpo`'s gain in pass@1; 1/2 of `grpo`'s "
-            "end KL): " + ", ".join(f"{k} = {_f(v)}" for k, v in result["targets"].items()), ""]
-  head = ["contrast", "set", "y at matched x", "target", "n", "mean diff", "95% CI",
+  lines += ["", "Targets (pre-registered rule: start + 1/2 of `grpo`'s mean gain in pass@1; 1/2 of "
+            "`grpo`'s mean end KL; AB = sets A and B together, the RL prompts): " + ", ".join(f"{k} = {_f(v)}" for k, v in result["targets"].items()), ""]
+  if result.get("no_target"):
+    lines += [f"No target (the reference's mean pass@1 gain is below {MIN_GAIN}): "
+              + "; ".join(result["no_target"]), ""]
+  head = ["contrast", "set of y", "y at matched x", "target", "n", "mean diff", "95% CI",
           "Bonferroni CI", "p", "p (Holm)"]
   for kind in ("primary", "exploratory"):
     lines += [f"## {'Pre-registered' if kind == 'primary' else 'Exploratory'} contrasts "

@@ -168,13 +168,13 @@ def test_interpolation_at_matched_x_on_synthetic_curves():
 
 
 def synthetic_points(slope: float, reach: float, kl_per_gain: float = 1.0, start=0.5):
-  """A run's evaluation points on set A: pass@1 from `start` up to `reach`, coverage falling
-  by `slope` per unit of pass@1 gained, KL growing with the gain."""
+  """A run's evaluation points on sets A and B (the same values): pass@1 from `start` up to
+  `reach`, coverage falling by `slope` per unit of pass@1 gained, KL growing with the gain."""
   out = {}
   for i, x in enumerate(np.linspace(start, reach, 4)):
     o = {"pass_optimal@1": float(x), "coverage": float(0.9 - slope * (x - start)),
          "kl_k1": float(kl_per_gain * (x - start)), "pass_optimal@64": 0.9}
-    out[[0, 33, 67, 100][i]] = {"sets": {"A": {"overall_instance": o, "overall": o}}}
+    out[[0, 33, 67, 100][i]] = {"sets": {n: {"overall_instance": o, "overall": o} for n in "AB"}}
   return out
 
 
@@ -193,8 +193,21 @@ def test_matched_families_and_contrasts_on_synthetic_curves():
   assert math.isnan(frontier.contrasts(few, [("keep", "grpo-less-rl")])[0]["p"])
   # the rule's target: start 0.5 + half of grpo's mean gain (its mean end is 0.82)
   tg = frontier.targets(pts, "grpo")
-  assert tg[("A", "pass_optimal@1")] == pytest.approx(0.5 + 0.5 * 0.32)
-  assert tg[("A", "kl_k1")] == pytest.approx(0.5 * 0.32)
+  assert tg[("AB", "pass_optimal@1")] == tg[("A", "pass_optimal@1")] == pytest.approx(0.5 + 0.5 * 0.32)
+  assert tg[("AB", "kl_k1")] == pytest.approx(0.5 * 0.32)
+  flat = {"grpo": {s: synthetic_points(2.0, 0.51) for s in range(5)}}  # a gain below MIN_GAIN
+  assert ("AB", "pass_optimal@1") not in frontier.targets(flat, "grpo")
+
+
+def test_union_of_sets_weighs_instances():
+  a = {"overall_instance": {"pass_optimal@1": 0.2}, "num_per_task": {"x": 1, "y": 2}}
+  b = {"overall_instance": {"pass_optimal@1": 0.8}, "num_per_task": {"x": 1}}
+  row = frontier.set_row({"sets": {"A": a, "B": b}}, "AB")
+  assert row["pass_optimal@1"] == pytest.approx((3 * 0.2 + 0.8) / 4)
+  assert frontier.set_row({"sets": {"A": a}}, "AB") is None
+  # x on one set, y on another
+  pts = {0: {"sets": {"A": {"overall_instance": {"p": 0.1}}, "B": {"overall_instance": {"c": 0.9}}}}}
+  assert frontier.trajectory(pts, "A", "p", "c", y_split="B") == ([0.1], [0.9])
 
 
 # ---------------------------------------------------------------------------
@@ -254,15 +267,16 @@ def test_report_csv_holds_one_row_per_seed_and_label(tmp_path):
   assert float(r["final_coverage"]) == pytest.approx(0.32)
   assert float(r["A_coverage"]) == pytest.approx(0.9 - 2.0 * 0.3)  # the last point's
   with open(os.path.join(out, "points.csv")) as f:
-    assert len(list(csv.DictReader(f))) == 3 * 3 * 4  # labels x seeds x points (one set)
+    assert len(list(csv.DictReader(f))) == 3 * 3 * 4 * 2  # labels x seeds x points x sets
   with open(os.path.join(out, "matched.csv")) as f:
-    m = [r for r in csv.DictReader(f) if r["comparison"] == "A/coverage@pass_optimal@1"]
+    m = [r for r in csv.DictReader(f) if r["comparison"] == "A/coverage@AB/pass_optimal@1"]
   assert sorted((r["method"], r["seed"]) for r in m) == sorted(
       (f, str(s)) for f in ("grpo-less-rl", "rkl", "dmpo") for s in range(3))
   md = open(os.path.join(out, "report.md")).read()
   assert "evaluated on set C" in md and "commit `abc`" in md
   fr = json.load(open(os.path.join(out, "frontier.json")))
-  (first, second) = fr["primary"]  # set A's two contrasts (set B is not in the fake points)
+  first, second, *on_b = fr["primary"]  # coverage on A, then pass@64 on B (equal: diff 0)
+  assert [r["mean"] for r in on_b] == pytest.approx([0.0, 0.0]) and len(on_b) == 2
   assert first["contrast"] == "dmpo - rkl" and first["mean"] == pytest.approx((1.0 - 0.5) * 0.15)
   assert second["contrast"] == "dmpo - grpo-less-rl" and second["mean"] == pytest.approx((2.0 - 0.5) * 0.15)
 
