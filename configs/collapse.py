@@ -7,15 +7,18 @@ solutions, an SFT start that is competent and diverse, then RL at group size 8 o
     python -m dmpo_jax.sweep --config=configs/collapse.py --out=runs/sweep   # every preset x 5 seeds
 
 Arguments after the colon (comma-separated): `algo=<preset>`, `level=<level>`,
-`seed=<int>`, `tasks=<key+key+...>`, `group=<8|16>`, `pool=<N>`, and `smoke`.
-Everything else is configs/nphard.py's default run.
+`seed=<int>`, `tasks=<key+key+...>`, `group=<8|16>`, `regime=<splits|stream>`,
+`pool=<N>`, `sft_steps=<N>`, and `smoke`. Everything else is configs/nphard.py's default run.
 
-Two regimes (docs/COLLAPSE.md):
-- held-out (default): SFT and RL draw fresh instances, evaluation is on instances never
-  trained on; the tiny policy generalises weakly (about a fifth of samples optimal).
+Three regimes (docs/COLLAPSE.md):
+- `regime=splits` (default): per task three disjoint sets of distinct instances
+  (dmpo_jax/training/splits.py): SFT on A (16), RL on A + B (B: 16, never in SFT),
+  evaluation on C (8); evaluation points along RL report A, B and C separately.
+- `regime=stream`: SFT and RL draw fresh instances (redrawing any that falls in C, and for
+  SFT in B); the tiny policy generalises weakly (about a fifth of samples optimal).
 - `pool=N`: SFT, RL and evaluation all use the same N instances per task (RLVR on a fixed
-  prompt set). The SFT start then knows each instance's optimal set, and collapse is
-  measured on the prompts RL trains on; DPH's D_pef follows the authors' all-correct rule.
+  prompt set; the regime of docs/RESULTS.md section 0). Evaluation is on the instances
+  trained on, by design.
 
 What the trainer reads beyond configs/nphard.py: `sft.targets` (SFT on optimal
 solutions), `collapse.*` (instance filter by number of optima; collapse metrics
@@ -33,7 +36,12 @@ from ml_collections import config_dict  # noqa: E402
 # Tasks whose `tiny` instances have >= 2 optima most often (docs/COLLAPSE.md, 50 instances each):
 # GCP-D 72%, maximum-set 56%, maximum_clique_problem 54%, subset-sum 36%.
 DEFAULT_TASKS = "GCP-D+maximum-set+maximum_clique_problem+subset-sum"
-KNOWN = {"algo", "level", "seed", "tasks", "group", "smoke", "pool"}
+KNOWN = {"algo", "level", "seed", "tasks", "group", "smoke", "pool", "regime", "sft_steps"}
+REGIMES = ("splits", "stream")
+# SFT steps of the splits regime: a start with headroom (docs/COLLAPSE.md, pre-registration),
+# measured on seed 0: optimal pass@1 at T = 1.0 on A 0.66 (target 0.5..0.75), optimal pass@64
+# on B 0.73 (target 0.3..0.95); 300 steps gave 0.46 on A.
+SPLITS_SFT_STEPS = 400
 
 
 def _parse(arg: str | None) -> dict:
@@ -87,10 +95,34 @@ def get_config(arg: str | None = None):
       keep_k=8,             # DPH-RL's keep / exploration split: base pass@8
       correct=("feasible", "optimal"),  # pass@k / keep / exploration reported for both
       pool=0,               # > 0: train and evaluate on a fixed pool of N instances per task
+      splits=(),            # (A, B, C) per task: disjoint sets (set below for the default regime)
   ))
   # pass@k and QR@k for every k = 1..64 need >= 64 samples per held-out instance.
   c.eval.update(num_per_task=12, samples=64, pass_ks=tuple(range(1, 65)), batch_prompts=24)
+  # Evaluation points along RL (dmpo_jax/training/points.py): start, 1/3, 2/3, end, at the RL
+  # temperature, with KL to the start policy; 64 samples per instance (pass@64).
+  c.eval.update(points=4, points_samples="64")
+  regime = str(opts.get("regime", "splits"))
+  if regime not in REGIMES:
+    raise ValueError(f"configs/collapse.py: regime={regime!r}; choose from {REGIMES} (or pool=N)")
   pool = int(opts.get("pool", 0))
+  if not pool:
+    # A 16, B 16, C 8 distinct instances per task (dmpo_jax/training/splits.py).
+    c.collapse.update(splits=(16, 16, 8), split_file="", sft_from="A", rl_from="AB")
+    c.eval.num_per_task = 8  # with splits the held-out evaluation is on C
+    # Samples per instance at each point: pass@64 on B (primary), 32 on A (coverage, pass@1)
+    # and C; the evaluation points cost more than the RL steps, and this keeps tier 1 in
+    # budget (docs/COLLAPSE.md, pre-registration). NP-Bench's protocol on C (T = 0.7) beside
+    # it: 16 samples.
+    c.eval.update(points_samples="A:32,B:64,C:32", samples=16)
+    if regime == "stream":
+      c.collapse.update(sft_from="stream", rl_from="stream")
+    else:
+      # D_pef candidates: every RL prompt (A + B of every task), each once; DPH-RL's own rule
+      # (all 8 samples optimal), as in the pool regime.
+      c.dph.update(num_prompts=32 * len(c.tasks.split(",")), pef_threshold=1.0)
+      if not opts.get("smoke"):
+        c.sft.steps = SPLITS_SFT_STEPS
   if pool:
     c.collapse.pool = pool
     c.eval.num_per_task = pool
@@ -100,8 +132,14 @@ def get_config(arg: str | None = None):
     # samples are all optimal, which carry no policy gradient.
     if not opts.get("smoke"):
       c.sft.steps = 600
+  if "sft_steps" in opts:
+    c.sft.steps = int(opts["sft_steps"])
   if opts.get("smoke"):
     c.collapse.update(limit=16, time_limit=2.0)
+    if c.collapse.get("splits"):
+      c.collapse.splits = (2, 2, 1)
+      c.dph.num_prompts = 4 * len(c.tasks.split(","))
+    c.eval.update(points=2, points_samples="8")
     c.eval.update(num_per_task=1, samples=8, pass_ks=(1, 8), batch_prompts=8)
     c.dph.update(num_prompts=8, samples=4, batch=8)
   return c

@@ -59,6 +59,58 @@ SETTINGS: dict[str, dict] = {
     "dmpo-2-a1_15-g16": {"rl.algo": "dmpo", "rl.objective.dm_coef": 2.0, "rl.objective.dm_alpha": 1 / 15,
                          "rl.group_size": 16},
 }
+
+# Strength axes (docs/COLLAPSE.md, "Pre-registration"): each remedy at 4 strengths from about
+# GRPO to over-regularised, geometric steps; GRPO at lower learning rates as "less RL" (its
+# evaluation points at 1/3 and 2/3 of the run are GRPO with fewer steps as well).
+def _fmt(x: float) -> str:
+  return f"{x:g}"
+
+
+DMPO_LAMBDAS = (5.0, 20.0, 80.0, 320.0)       # at alpha = 1/15 (dmpo-20: gradient share ~0.17)
+DM_ONLY_LRS = (3e-5, 1e-4, 3e-4, 1e-3)        # Adam ignores a loss scale: the LR is the strength
+RKL_BETAS = (0.01, 0.05, 0.25, 1.25)          # rkl-0.1: gradient share ~0.165
+DPH_ETAS = (0.02, 0.1, 0.5, 2.5)              # per-sample eta (the authors' weighting; default 0.05)
+GRPO_LRS = (1e-4, 3e-5)                       # "less RL" beside grpo's 3e-4
+for lam in DMPO_LAMBDAS:
+  SETTINGS[f"dmpo-{_fmt(lam)}-a1_15"] = {"rl.algo": "dmpo", "rl.objective.dm_coef": lam,
+                                         "rl.objective.dm_alpha": 1 / 15}
+DM_ONLY_LABELS = [f"dm_only-lr{_fmt(lr)}" if lr != 3e-4 else "dm_only-2-a1_15" for lr in DM_ONLY_LRS]
+for lr, label in zip(DM_ONLY_LRS, DM_ONLY_LABELS):
+  SETTINGS[label] = {"rl.algo": "dmpo", "rl.objective.dm_coef": 2.0,
+                                       "rl.objective.dm_alpha": 1 / 15, "rl.objective.policy_loss": "none",
+                                       "rl.lr": lr}
+for beta in RKL_BETAS:
+  SETTINGS[f"rkl-{_fmt(beta)}"] = {"rl.algo": "rkl", "rl.objective.kl_coef": beta}
+for eta in DPH_ETAS:
+  SETTINGS[f"dph_f-eta{_fmt(eta)}"] = {"rl.algo": "dph_f", "rl.objective.div_coef": eta}
+  SETTINGS[f"dph_js-eta{_fmt(eta)}"] = {"rl.algo": "dph_js", "rl.objective.div_coef": eta}
+for lr in GRPO_LRS:
+  SETTINGS[f"grpo-lr{_fmt(lr)}"] = {"rl.algo": "grpo", "rl.lr": lr}
+# GRPO on D_exp alone (DPH's data split without its divergence): the control for that split.
+SETTINGS["dph_f-eta0"] = {"rl.algo": "dph_f", "rl.objective.div_coef": 0.0}
+# G = 16 matched on samples (4 prompts x 16 = 8 x 8 = 64 samples a step); "grpo-g16" is
+# matched on prompts (8 x 16 = 128 samples).
+SETTINGS["grpo-g16-samples"] = {"rl.algo": "grpo", "rl.group_size": 16, "rl.prompts_per_step": 4}
+
+# Methods (families of labels along one strength axis) of the matched comparison.
+FAMILIES: dict[str, list[str]] = {
+    "grpo-less-rl": ["grpo"] + [f"grpo-lr{_fmt(x)}" for x in GRPO_LRS],
+    "dmpo": [f"dmpo-{_fmt(x)}-a1_15" for x in DMPO_LAMBDAS],
+    "dm_only": DM_ONLY_LABELS,  # 3e-4 (the config's RL rate) is the earlier dm_only-2-a1_15
+    "rkl": [f"rkl-{_fmt(x)}" for x in RKL_BETAS],
+    "dph_f": [f"dph_f-eta{_fmt(x)}" for x in DPH_ETAS],
+    "dph_f-eta0": ["dph_f-eta0"],
+    "dph_js": [f"dph_js-eta{_fmt(x)}" for x in DPH_ETAS],
+    "grpo-g16-samples": ["grpo-g16-samples"],
+}
+# The pre-registered contrasts (docs/COLLAPSE.md), all at matched pass@1, Holm-corrected together.
+CONTRASTS = [("dmpo", "rkl"), ("dph_f", "rkl"), ("dm_only", "rkl"),
+             ("dmpo", "grpo-less-rl"), ("dph_f", "grpo-less-rl"), ("dm_only", "grpo-less-rl")]
+# Tier 1 (pre-registered): 20 labels. Tier 2 (exploratory, if the budget allows).
+TIER1 = (FAMILIES["grpo-less-rl"] + FAMILIES["dph_f-eta0"] + FAMILIES["dmpo"] + FAMILIES["dm_only"]
+         + FAMILIES["rkl"] + FAMILIES["dph_f"])
+TIER2 = FAMILIES["dph_js"] + ["grpo-g16", "grpo-g16-samples"]
 BASELINE = "grpo"  # paired differences in the report are against this label
 
 # Fields a setting may change while still sharing the seed's SFT stage and evaluation before RL
@@ -70,6 +122,9 @@ SHARE_SAFE = ("rl.algo", "rl.objective.", "rl.steps", "rl.prompts_per_step", "rl
               "dph.",
               "stop_at_step", "log.", "checkpoint.")
 SFT_DIR = "_sft"
+# Evaluations of the SFT policy that every run of a seed shares: before RL, and the first
+# evaluation point along RL (training/points.py; redone where a run's temperature differs).
+SHARED_EVALS = ("eval_before.json", "points/rl0.json")
 CACHE_DIR = "_jax_cache"
 
 
@@ -221,6 +276,7 @@ def is_finished(workdir: str) -> bool:
 
 
 def _copy_file(src: str, dst: str) -> None:
+  os.makedirs(os.path.dirname(dst), exist_ok=True)
   tmp = dst + ".tmp"
   shutil.copyfile(src, tmp)
   os.replace(tmp, dst)
@@ -259,8 +315,9 @@ def seed_run_folder(sft_dir: str, workdir: str, sft_steps: int) -> None:
   os.makedirs(os.path.join(tmp, "checkpoints"))
   shutil.copytree(os.path.join(sft_dir, "checkpoints", str(sft_steps)),
                   os.path.join(tmp, "checkpoints", str(sft_steps)))
-  for f in ("metrics.jsonl", "eval_before.json"):
+  for f in ("metrics.jsonl",) + SHARED_EVALS:
     if os.path.exists(os.path.join(sft_dir, f)):
+      os.makedirs(os.path.dirname(os.path.join(tmp, f)), exist_ok=True)
       shutil.copyfile(os.path.join(sft_dir, f), os.path.join(tmp, f))
   if os.path.isdir(workdir):  # e.g. only a sweep_error.txt from an earlier failed attempt
     shutil.copytree(tmp, workdir, dirs_exist_ok=True)
@@ -280,25 +337,30 @@ def execute(run: Run, out: str, train_fn, log=print) -> dict:
     sft_dir = prepare_sft(train_fn, run, out, log)
     if not os.path.isdir(os.path.join(wd, "checkpoints")):
       seed_run_folder(sft_dir, wd, run.cfg.sft.steps)
-    elif (not os.path.exists(os.path.join(wd, "eval_before.json"))
-          and os.path.exists(os.path.join(sft_dir, "eval_before.json"))):
-      _copy_file(os.path.join(sft_dir, "eval_before.json"), os.path.join(wd, "eval_before.json"))
+    else:
+      for f in SHARED_EVALS:
+        if not os.path.exists(os.path.join(wd, f)) and os.path.exists(os.path.join(sft_dir, f)):
+          _copy_file(os.path.join(sft_dir, f), os.path.join(wd, f))
   try:
     return call_train(train_fn, run.cfg, wd)
   finally:
-    if sft_dir and os.path.exists(os.path.join(wd, "eval_before.json")) and not os.path.exists(
-        os.path.join(sft_dir, "eval_before.json")):
-      _copy_file(os.path.join(wd, "eval_before.json"), os.path.join(sft_dir, "eval_before.json"))
+    for f in SHARED_EVALS if sft_dir else ():
+      if os.path.exists(os.path.join(wd, f)) and not os.path.exists(os.path.join(sft_dir, f)):
+        _copy_file(os.path.join(wd, f), os.path.join(sft_dir, f))
 
 
-def write_manifest(out: str, args: dict, runs: list[Run]) -> None:
+def write_manifest(out: str, args: dict, runs: list[Run], sessions: list | None = None) -> None:
+  """sweep.json: what was asked, and each invocation ("sessions": commit, machine, start,
+  wall time; a resumed sweep adds one)."""
   from dmpo_jax.training import report
   path = os.path.join(out, "sweep.json")
   old = report.read_json(path) if os.path.exists(path) else {}
   labels = list(dict.fromkeys(old.get("labels", []) + [r.label for r in runs]))
   seeds = sorted(set(old.get("seeds", [])) | {r.seed for r in runs})
   report.write_json({"args": args, "labels": labels, "seeds": seeds, "baseline": BASELINE,
-                     "settings": {l: SETTINGS.get(l, old.get("settings", {}).get(l)) for l in labels}},
+                     "settings": {l: SETTINGS.get(l, old.get("settings", {}).get(l)) for l in labels},
+                     "families": FAMILIES, "contrasts": CONTRASTS,
+                     "sessions": sessions if sessions is not None else old.get("sessions", [])},
                     path)
 
 
@@ -363,12 +425,15 @@ def main(argv=None):
   ap.add_argument("--config", default="configs/collapse.py", help="config file[:args]")
   ap.add_argument("--out", required=True, help="sweep folder (resumed when it exists)")
   ap.add_argument("--presets", default=",".join(SETTINGS),
-                  help=f"comma-separated labels of SETTINGS (default: all): {', '.join(SETTINGS)}")
+                  help="comma-separated labels of SETTINGS (default: all), or 'tier1' / 'tier2' "
+                  f"(the collapse experiment's label lists): {', '.join(SETTINGS)}")
   ap.add_argument("--seeds", default="0-4", help="e.g. 0-4 or 0,1,5")
   ap.add_argument("--smoke", action="store_true", help="the config's smoke setting (a few steps)")
   ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                   help="override a config field in every run (repeatable), e.g. --set=rl.steps=120")
   ap.add_argument("--max_runs", type=int, default=None, help="start at most this many unfinished runs")
+  ap.add_argument("--seed_major", action="store_true", help="run seed by seed (every label of seed 0, "
+                  "then of seed 1, ...), so that a sweep cut short holds whole seeds")
   ap.add_argument("--no_share", action="store_true", help="every run trains its own SFT stage")
   ap.add_argument("--cache_dir", default=None, help=f"compilation cache (default <out>/{CACHE_DIR}; "
                   "'none' turns it off)")
@@ -382,8 +447,11 @@ def main(argv=None):
     return 0
   try:
     base = load_config(args.config, args.smoke)
-    labels = [l.strip() for l in args.presets.split(",") if l.strip()]
+    labels = [m for l in args.presets.split(",") if l.strip()
+              for m in ({"tier1": TIER1, "tier2": TIER2}.get(l.strip()) or [l.strip()])]
     runs = plan(base, labels, parse_seeds(args.seeds), parse_sets(args.set), share=not args.no_share)
+    if args.seed_major:
+      runs.sort(key=lambda r: r.seed)  # stable: labels keep their order within a seed
   except SweepError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -395,8 +463,17 @@ def main(argv=None):
     enable_compile_cache(args.cache_dir or os.path.join(args.out, CACHE_DIR))
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  write_manifest(args.out, vars(args), runs)
+  from dmpo_jax import frontier
+  from dmpo_jax.training import report as report_lib
+  path = os.path.join(args.out, "sweep.json")
+  sessions = (report_lib.read_json(path).get("sessions", []) if os.path.exists(path) else [])
+  session = dict(frontier.provenance(), started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 wall_s=None)
+  write_manifest(args.out, vars(args), runs, sessions + [session])
+  t0 = time.time()
   status = run_sweep(runs, args.out, max_runs=args.max_runs, progress=not args.no_progress)
+  session.update(wall_s=time.time() - t0, runs={k: len(v) for k, v in status.items()})
+  write_manifest(args.out, vars(args), runs, sessions + [session])
   rep = sweep_report.write_report(args.out)
   print(rep["summary"])
   print("sweep: " + ", ".join(f"{k} {len(v)}" for k, v in status.items()) + f"; report in {args.out}/report.md")

@@ -74,7 +74,11 @@ def load_run(workdir: str) -> dict:
     status = "not started"
   if results is not None and after is None:
     after = results.get("after")
-  return {"status": status, "results": results, "before": (before or {}).get("overall"),
+  c = config.get("collapse") or {}
+  split = ("set C (evaluation only; disjoint from SFT's A and RL's A + B)" if c.get("splits")
+           else "the pool (the instances SFT and RL train on)" if c.get("pool")
+           else "held-out instances")
+  return {"status": status, "results": results, "before": (before or {}).get("overall"), "split": split,
           "after": (after or {}).get("overall") if status == "finished" else None, "rl": rl,
           "rl_steps_done": max((r["rl_step"] for r in rl), default=0),
           "rl_steps": config.get("rl", {}).get("steps"), "wall_s": (results or {}).get("wall_s")}
@@ -292,7 +296,16 @@ def markdown(out: str, manifest: dict, runs: dict, summ: dict, baseline: str) ->
     missing = [f"{l}/seed{s} ({r['status']}, RL step {r['rl_steps_done']}/{r['rl_steps'] or '?'})"
                for l, v in runs.items() for s, r in v.items() if r["status"] != "finished"]
     lines += ["**Partial sweep.** Not finished: " + ", ".join(missing) + ".", ""]
-  lines += ["## Final metrics after RL (held-out instances)", ""]
+  for sess in manifest.get("sessions", []):
+    lines.append(f"Run on commit `{sess.get('commit')}`, machine {sess.get('machine')}, started "
+                 f"{sess.get('started')}, sweep wall time "
+                 + (f"{sess['wall_s']:.0f} s" if sess.get("wall_s") is not None else "unfinished") + ".")
+  splits = sorted({r["split"] for v in runs.values() for r in v.values() if r["status"] == "finished"})
+  split = " / ".join(splits) or "held-out instances"
+  lines += ["", f"## Final metrics after RL, evaluated on {split}", "",
+            "`overall` is the mean of the category means (NP-Bench's); the mean over instances, "
+            "and every evaluation point along RL on sets A, B and C, are in `frontier.md`, "
+            "`points.csv` and `per_seed.csv`.", ""]
   for m, what in FINAL:
     if m in names:
       lines.append(f"- `{m}`: {what}")
@@ -347,7 +360,11 @@ def write_report(out: str, baseline: str | None = None, plots: bool = True) -> d
   if plots:
     plot_curves(cv, os.path.join(out, "curves.png"))
     plot_pass(pc, os.path.join(out, "pass_at_k.png"))
+  from dmpo_jax import frontier
+  matched = frontier.write(out, runs, manifest, plots)
   text = markdown(out, manifest, runs, summ, baseline)
+  if matched:
+    text += "\n## Matched comparisons\n\nSee [frontier.md](frontier.md) and `pareto.png`.\n"
   with open(os.path.join(out, "report.md"), "w") as f:
     f.write(text)
   status = {f"{l}/seed{s}": {k: r[k] for k in ("status", "rl_steps_done", "rl_steps", "wall_s")}

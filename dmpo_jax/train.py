@@ -40,7 +40,7 @@ from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
 from dmpo_jax.training.config import ConfigError, check_config, task_keys
 from dmpo_jax.parallel import distributed as dist
-from dmpo_jax.training import evaluation, pipeline, report, steps
+from dmpo_jax.training import evaluation, instances, pipeline, report, steps
 from dmpo_jax import multimodal
 from dmpo_jax.parallel import sharding
 from dmpo_jax import tasks as tasks_lib
@@ -51,6 +51,7 @@ from dmpo_jax.sampling import sampler as sampler_lib
 from dmpo_jax.tasks import diversity
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.training import dph
+from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.rollout import collect_rollouts
 from dmpo_jax.training.state import LOG_Z_SEED_OFFSET, TrainState, checkpoint_meta
 from dmpo_jax.training.update import auto_micro_batches, make_optimizer, micro_batches, update
@@ -77,6 +78,8 @@ def define_flags(fv=FLAGS, argv=None):
                        flag_values=fv)
   flags.DEFINE_integer("process_id", None, "multi-process: this process's index (or JAX_PROCESS_ID)",
                        flag_values=fv)
+  flags.DEFINE_bool("dry_run", False, "write workdir/instances.json (every SFT, RL and evaluation "
+                    "instance, in order) and stop, without building a model", flag_values=fv)
 
 
 EVAL_KEYS = ("per_task", "categories", "overall", "solved")  # an eval_*.json that lacks one is damaged
@@ -328,10 +331,8 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
   mesh = sharding.make_mesh(dict(cfg.mesh))
   check_config(cfg, obj, mesh)
   write_config = config_lib.check_resume(cfg, workdir, allow_config_change)
-  taskset = pipeline.TaskSet(task_keys(cfg), cfg.level, cfg.seed,
-                             pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level),
-                             collapse=pipeline.Collapse.from_config(cfg),
-                             pool=cfg.collapse.pool if "collapse" in cfg else 0)
+  eval_points.check_config(cfg)
+  taskset = instances.taskset_from_config(cfg, task_keys(cfg))
   reward_cfg = rewards_lib.RewardConfig(**dict(cfg.rl.reward))
 
   model, tok = build_model(cfg)
@@ -474,6 +475,10 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     state = dataclasses.replace(state, reference=reference_policy(run.ckpt, state, cfg.sft.steps))
   reference = state.reference
   ref_fn = (lambda seqs: logprob_eval(reference, seqs)) if reference is not None else None
+  # Evaluation points along RL (config.eval.points): they read the policy at the start of RL.
+  points = eval_points.Points(run, reference if reference is not None or not cfg.eval.get("points") else
+                              reference_policy(run.ckpt, state, cfg.sft.steps))
+  points.maybe(state)
   consecutive, first_rl = 0, state.step
   traces0 = {k: steps.TRACES[k] for k in ("rl_update", "rl_update_terms")}
   with multimodal.Prefetch(run.encoder) as prefetch:  # image prompts: the next step's renders
@@ -515,6 +520,7 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
                                         "qr": f"{row['qr_mean']:.3f}", "distinct": f"{row['distinct']:.2f}"})
       if state.step % cfg.checkpoint.every == 0 or state.step == total:
         run.save(state, "rl")
+      points.maybe(state)
       if run.maybe_stop(state, "rl", stop):
         return state, True
   return state, False
@@ -649,6 +655,12 @@ def main(argv, fv=FLAGS):
     raise app.UsageError("--workdir is required")
   if "verbosity" in fv and not fv["verbosity"].present:  # orbax logs every save at INFO
     logging.set_verbosity(logging.WARNING)
+  try:
+    if fv.dry_run:
+      print(instances.summary(instances.write(fv.config, fv.workdir, task_keys(fv.config))))
+      return
+  except BAD_INPUT as e:
+    fail(e, fv.verbose)
   dist.initialize(fv.coordinator_address, fv.num_processes, fv.process_id)
   try:
     train(fv.config, fv.workdir, fv.allow_config_change)

@@ -33,12 +33,13 @@ def test_settings_cover_the_issue_list_and_share_sft():
   for label, over in sweep.SETTINGS.items():
     c = sweep.apply_overrides(cfg, over, label)  # every field exists and takes its value
     seen[label] = (c.rl.algo, c.rl.group_size, c.rl.objective.dm_coef, c.rl.objective.dm_alpha,
-                   c.rl.objective.kl_coef, c.rl.objective.policy_loss, c.dph.weighting)
+                   c.rl.objective.kl_coef, c.rl.objective.policy_loss, c.dph.weighting, c.rl.lr,
+                   c.rl.objective.div_coef, c.rl.prompts_per_step)
     assert sweep.sft_key(c) == sweep.sft_key(cfg), f"{label} would not share the SFT stage"
   assert len(set(seen.values())) == len(seen), "two labels run the same setting"
-  assert {l for l, s in seen.items() if s[1] == 16} == {"grpo-g16", "dmpo-2-a1_15-g16"}
+  assert {l for l, s in seen.items() if s[1] == 16} == {"grpo-g16", "dmpo-2-a1_15-g16", "grpo-g16-samples"}
   assert seen["dmpo"][2:4] == (0.5, 1.0) and seen["dmpo-20-a1_15"][2:4] == (20.0, 1 / 15)
-  assert sorted(s[4] for l, s in seen.items() if l.startswith("rkl")) == [0.01, 0.1]
+  assert sorted(s[4] for l, s in seen.items() if l.startswith("rkl")) == [0.01, 0.05, 0.1, 0.25, 1.25]
   assert seen["dm_only-2-a1_15"][5] == "none"
   assert seen["dph_f"][6] == "per_sample" and seen["dph_f-sep"][6] == "separate"
   assert cfg.rl.group_size == 8  # the config itself is untouched
@@ -275,5 +276,10 @@ def test_sweep_end_to_end_shared_sft_and_resume(tmp_path):
   a, b = wd("dmpo", 0), os.path.join(solo, "dmpo", "seed0")
   assert all(x["grad_norm"] > 0 for x in rows(a, "rl"))
   assert rows(a) == rows(b)
-  for f in ("eval_before.json", "eval_after.json"):
+  for f in ("eval_before.json", "eval_after.json", "points/rl0.json", "points/rl3.json"):
     assert report.read_json(os.path.join(a, f)) == report.read_json(os.path.join(b, f)), f
+  # the shared start point came from the seed's SFT folder; dmpo moved away from the start
+  assert os.path.exists(os.path.join(out, "_sft", "seed0", "points", "rl0.json"))
+  end = report.read_json(os.path.join(a, "points", "rl3.json"))["sets"]["A"]["overall"]
+  start = report.read_json(os.path.join(a, "points", "rl0.json"))["sets"]["A"]["overall"]
+  assert start["kl_k1"] == 0.0 and end["kl_k1"] != 0.0 and end["kl_k3"] > 0.0

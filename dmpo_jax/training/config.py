@@ -141,6 +141,14 @@ SCHEMA: dict[str, Spec] = {
     "collapse.keep_k": Int(1, optional=True),
     "collapse.correct": Strs(("feasible", "optimal"), optional=True),
     "collapse.pool": Int(0, optional=True),
+    "collapse.splits": Spec((tuple, list), "() or three ints (A, B, C instances per task)",
+                            lambda v: len(v) == 0 or (len(v) == 3 and all(_is(x, (int,)) and x >= 0
+                                                                          for x in v)), True),
+    "collapse.split_file": Str(optional=True),
+    "collapse.sft_from": Choice(("A", "stream"), optional=True),
+    "collapse.rl_from": Choice(("AB", "stream"), optional=True),
+    # evaluation points along RL (training/points.py; configs/collapse.py)
+    "eval.points": Int(0, optional=True), "eval.points_samples": Str(optional=True),
     # image prompts (configs/mm_nphard*.py only)
     "image.size": Int(128, optional=True), "image.min_pixels": Int(1, optional=True),
     "image.max_pixels": Int(1, optional=True), "image.patch_budget": Int(1, optional=True),

@@ -19,6 +19,7 @@ from dmpo_jax.models import chat
 from dmpo_jax.tasks import diversity, optima
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.tasks import scoring
+from dmpo_jax.training import splits as splits_lib
 
 EVAL_SEED0 = 1_000_000
 MAX_REDRAWS = 1000  # instance filter: attempts per row before giving up
@@ -95,6 +96,14 @@ class TaskSet:
   # a fixed prompt set, where collapse is measured on the prompts trained on); 0: a fresh
   # stream of instances, never repeated and never evaluated on.
   pool: int = 0
+  # splits (A, B, C) per task > (): the disjoint sets of `splits.py`. Evaluation
+  # (`held_out`) is on C; sft_from "A" draws SFT rows from A, "stream" from fresh instances
+  # that are not in B or C; rl_from "AB" draws RL (and DPH) rows from A + B, "stream" from
+  # fresh instances not in C. split_file: fixed lists in place of drawn ones.
+  splits: tuple = ()
+  split_file: str = ""
+  sft_from: str = "A"
+  rl_from: str = "AB"
 
   def __post_init__(self):
     for k in self.keys:
@@ -107,6 +116,22 @@ class TaskSet:
       raise ValueError("config.collapse.pool (a fixed instance pool) and config.rl.curriculum "
                        "(levels that change) cannot be combined")
     self._pool_items = None
+    self._splits = None
+    self.splits = splits_lib.parse_sizes(self.splits)
+    if self.split_file and not self.splits:
+      self.splits = splits_lib.DEFAULT_SIZES  # sizes come from the file
+    if self.splits:
+      if self.pool:
+        raise ValueError("config.collapse.pool and config.collapse.splits cannot be combined: "
+                         "splits replace the pool (RL trains on A + B)")
+      if self.sft_from not in ("A", "stream") or self.rl_from not in ("AB", "stream"):
+        raise ValueError(f"config.collapse: sft_from={self.sft_from!r} (choose 'A' or 'stream'), "
+                         f"rl_from={self.rl_from!r} (choose 'AB' or 'stream')")
+      if any(lv != self.level for _, lv in self.curriculum or []):
+        raise ValueError("config.collapse.splits (fixed sets at one level) and config.rl.curriculum "
+                         "(levels that change) cannot be combined")
+      if self.rl_from == "AB":
+        self.pool = self.splits[0] + self.splits[1]  # a fixed RL pool: DPH reads it as one
 
   def level_at(self, step: int) -> str:
     level = self.level
@@ -117,53 +142,103 @@ class TaskSet:
 
   def train(self, stage: str, step: int, n: int) -> list[tuple[str, dict]]:
     """n (task key, instance) pairs for a stage ('sft', 'rl', 'dph') and step; tasks cycle."""
-    if self.pool:
+    if self.splits and stage == "sft":
+      if self.sft_from == "A":
+        a = self.split_sets().A
+        return [a[self.pool_id(stage, step, i, n)] for i in range(n)]
+    elif self.pool:
       pool = self.pool_items()
       return [pool[self.pool_id(stage, step, i, n)] for i in range(n)]
     level = self.level_at(step) if stage == "rl" else self.level
+    exclude = self.stream_exclude(stage)
     out = []
     for i in range(n):
       key = self.keys[(step * n + i) % len(self.keys)]
       seeds = (_seed(self.seed, stage, step, i, *(("redraw", a) if a else ())) for a in range(MAX_REDRAWS))
-      out.append((key, self._draw(key, seeds, level, f"{stage} step {step} row {i}")[1]))
+      out.append((key, self._draw(key, seeds, level, f"{stage} step {step} row {i}", exclude)[1]))
     return out
 
+  def split_sets(self) -> splits_lib.Splits:
+    """The sets A, B, C (config.collapse.splits): from the split file, or per task the first
+    distinct instances of the held-out seeds that the collapse filter accepts."""
+    if not self.splits:
+      raise ValueError("this TaskSet has no splits (config.collapse.splits)")
+    if self._splits is None:
+      if self.split_file:
+        self._splits = splits_lib.load(self.split_file, self.keys)
+      else:
+        self._splits = splits_lib.draw(
+            self.keys, self.splits, lambda k, seeds: self._draw(k, seeds, self.level, "split instance"),
+            lambda start: range(start or EVAL_SEED0, (start or EVAL_SEED0) + MAX_REDRAWS))
+    return self._splits
+
+  def stream_exclude(self, stage: str) -> frozenset:
+    """Instance ids a random stream redraws: C, and for SFT also B (none without splits)."""
+    if not self.splits:
+      return frozenset()
+    return frozenset(self.split_sets().ids(*(("B", "C") if stage == "sft" else ("C",))))
+
   def pool_items(self) -> list[tuple[str, dict]]:
-    """The fixed pool (pool > 0): held_out(pool), task by task; pool_id indexes it."""
+    """The fixed pool (pool > 0): held_out(pool), task by task; pool_id indexes it. With
+    splits: A then B, each round-robin over the tasks (so that DPH's first num_prompts
+    candidates cover every task)."""
     if self._pool_items is None:
-      self._pool_items = self.held_out(self.pool)
+      if self.splits:
+        sp = self.split_sets()
+        self._pool_items = [it for name in ("A", "B") for it in _round_robin(getattr(sp, name), self.keys)]
+      else:
+        self._pool_items = self.held_out(self.pool)
     return self._pool_items
 
   def pool_id(self, stage: str, step: int, i: int, n: int) -> int:
     """Pool index of row i of n at a stage's step: the task cycles as in the stream, the
     instance is a hash of (seed, stage, step, row) modulo the pool size."""
     t = (step * n + i) % len(self.keys)
+    if self.splits:  # an index into split_sets().A (SFT) or pool_items() (A + B)
+      rows = (self.split_sets().A if stage == "sft" and self.sft_from == "A" else self.pool_items())
+      choices = [j for j, (k, _) in enumerate(rows) if k == self.keys[t]]
+      return choices[_seed(self.seed, stage, step, i) % len(choices)]
     return t * self.pool + _seed(self.seed, stage, step, i) % self.pool
 
   def held_out(self, num_per_task: int, level: str | None = None) -> list[tuple[str, dict]]:
     """num_per_task instances per task from seeds EVAL_SEED0, +1, ...; with the collapse
-    filter, the first num_per_task of those seeds that it accepts."""
+    filter, the first num_per_task distinct ones of those seeds that it accepts. With splits
+    (at the config's level): the set C, whatever num_per_task."""
     level = level or self.level
+    if self.splits and level == self.level:
+      return list(self.split_sets().C)
     out = []
     for k in self.keys:
-      start = EVAL_SEED0
+      start, seen = EVAL_SEED0, set()
       for j in range(num_per_task):
         seeds = range(start, start + MAX_REDRAWS)
-        seed, q = self._draw(k, seeds, level, f"held-out instance {j}")
+        # The testbed (a collapse block) skips repeats: at `tiny`, seeds repeat instances.
+        seed, q = self._draw(k, seeds, level, f"held-out instance {j}", frozenset(seen))
         start = seed + 1
+        if self.collapse is not None:
+          seen.add(splits_lib.instance_id(k, q))
         out.append((k, q))
     return out
 
-  def _draw(self, key: str, seeds, level: str, what: str) -> tuple[int, dict]:
-    """(seed, instance): the first instance of `seeds` the collapse filter accepts (the first one without it)."""
+  def _draw(self, key: str, seeds, level: str, what: str, exclude=frozenset()) -> tuple[int, dict]:
+    """(seed, instance): the first instance of `seeds` the collapse filter accepts (the first
+    one without it) whose id (`splits.instance_id`) is not in `exclude`."""
     task = tasks_lib.get(key)
     for seed in seeds:
       q = task.generate(seed, level)
+      if exclude and splits_lib.instance_id(key, q) in exclude:
+        continue
       if self.collapse is None or self.collapse.accepts(key, q):
         return seed, q
     c = self.collapse
     raise ValueError(f"config.collapse: no {key} instance at level {level} with {c.min_optima}.."
                      f"{c.max_optima} optima in {MAX_REDRAWS} draws ({what}); widen min_optima/max_optima")
+
+
+def _round_robin(items, keys) -> list:
+  """Task-major (key, instance) rows interleaved: task 0's first, task 1's first, ..."""
+  per = [[it for it in items if it[0] == k] for k in keys]
+  return [col[j] for j in range(max(map(len, per), default=0)) for col in per if j < len(col)]
 
 
 class PromptEncoder:

@@ -1,0 +1,431 @@
+"""The collapse experiment's analysis: matched comparisons along strength axes (docs/COLLAPSE.md).
+
+A remedy for mode collapse can keep more optima than GRPO in two ways: by keeping
+optima at the same gain, or by moving the policy less. To tell them apart, each run
+traces a curve (evaluation points along RL, `training/points.py`), and methods are
+compared at matched pass@1 (the same gain) and at matched KL to the start policy (the
+same movement):
+
+* `interpolate(xs, ys, x)`: a run's y (coverage, pass@64) where its trajectory first
+  reaches x (pass@1, KL), linear between evaluation points; NaN when it never does.
+* `frontier(...)`: per seed, a method's best y at x over its strength labels (the upper
+  envelope of its trajectories; the Pareto frontier a user can pick a strength from).
+* `paired_test(...)`: seed-paired differences, a two-sided t-test and interval; `holm`
+  adjusts the p-values of a family of contrasts (Holm, "A simple sequentially rejective
+  multiple test procedure", Scand. J. Statist. 1979).
+* `write(out, ...)`: frontier.md, per_seed.csv (one row per seed and label), points.csv
+  (one row per run, evaluation point and instance set) and the Pareto plots.
+
+The methods (families of labels) and the pre-registered contrasts are data: `FAMILIES`
+and `CONTRASTS` in dmpo_jax/sweep.py (the sweep that runs them).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import platform
+import re
+import subprocess
+
+import numpy as np
+
+from dmpo_jax import stats
+
+POINT_METRICS = ("pass_optimal@1", "coverage", "distinct_optimal", "pass_optimal@8", "pass_optimal@64",
+                 "kl_k1", "kl_k3", "optimal_rate")
+
+
+# ---------------------------------------------------------------------------
+# Statistics.
+def holm(pvalues) -> np.ndarray:
+  """Holm's step-down adjusted p-values, in the input order: sorted ascending, the i-th
+  (from 0) of m is max_{j <= i} min(1, (m - j) p_(j)). NaN p-values are left out of m."""
+  p = np.asarray(pvalues, float)
+  out = np.full(p.shape, np.nan)
+  ok = np.flatnonzero(np.isfinite(p))
+  m = len(ok)
+  running = 0.0
+  for rank, idx in enumerate(ok[np.argsort(p[ok], kind="stable")]):
+    running = max(running, min(1.0, (m - rank) * p[idx]))
+    out[idx] = running
+  return out
+
+
+def paired_test(values: dict, baseline: dict, confidence: float = 0.95) -> dict:
+  """Seed-paired difference on the seeds where both are finite: mean, t-interval at
+  `confidence`, two-sided p-value of a zero mean, n and the per-seed differences."""
+  seeds = sorted(s for s in values if s in baseline and _finite(values[s]) and _finite(baseline[s]))
+  d = np.asarray([values[s] - baseline[s] for s in seeds], float)
+  out = {"n": len(d), "diffs": dict(zip(seeds, d.tolist())), "mean": float(d.mean()) if len(d) else math.nan,
+         "low": math.nan, "high": math.nan, "p": math.nan}
+  if len(d) < 2:
+    return out
+  iv = stats.mean_ci(d, confidence)
+  out.update(low=iv.low, high=iv.high)
+  sd = d.std(ddof=1)
+  if sd == 0:
+    out["p"] = 1.0 if d.mean() == 0 else 0.0
+  else:
+    from scipy import stats as scipy_stats
+    t = d.mean() / (sd / math.sqrt(len(d)))
+    out["p"] = float(2 * scipy_stats.t.sf(abs(t), len(d) - 1))
+  return out
+
+
+def _finite(v) -> bool:
+  return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+# ---------------------------------------------------------------------------
+# Matched interpolation.
+def interpolate(xs, ys, x: float) -> float:
+  """y where the trajectory (xs[i], ys[i]), in training order, first reaches x: linear
+  between the two evaluation points that bracket it; NaN if it never does."""
+  xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+  if len(xs) != len(ys):
+    raise ValueError(f"interpolate: {len(xs)} x values, {len(ys)} y values")
+  for i in range(len(xs)):
+    if xs[i] == x:
+      return float(ys[i])
+    if i and (xs[i - 1] - x) * (xs[i] - x) < 0:
+      w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+      return float(ys[i - 1] + w * (ys[i] - ys[i - 1]))
+  return math.nan
+
+
+def frontier(trajectories: dict, x: float) -> float:
+  """A method's best matched y at x over its labels: {label: (xs, ys)} -> max of
+  `interpolate` over the labels that reach x (NaN when none does)."""
+  vals = [interpolate(xs, ys, x) for xs, ys in trajectories.values()]
+  vals = [v for v in vals if math.isfinite(v)]
+  return max(vals) if vals else math.nan
+
+
+# ---------------------------------------------------------------------------
+# Reading a sweep's evaluation points.
+def read_points(workdir: str) -> dict:
+  """{rl_step: point json} of a run folder (points/rl<step>.json)."""
+  from dmpo_jax.training import report
+  d = os.path.join(workdir, "points")
+  out = {}
+  if os.path.isdir(d):
+    for f in os.listdir(d):
+      m = re.fullmatch(r"rl(\d+)\.json", f)
+      if m:
+        out[int(m.group(1))] = report.read_json(os.path.join(d, f))
+  return dict(sorted(out.items()))
+
+
+def set_row(point: dict, split: str, overall: str = "overall_instance") -> dict | None:
+  """A point's metrics on one set ("A"), or on a union of sets ("AB": the mean over the
+  instances of A and B, each set weighted by its number of instances); None if absent."""
+  sets = point.get("sets", {})
+  if split in sets:
+    return sets[split][overall]
+  parts = [sets.get(c) for c in split]
+  if len(split) < 2 or any(p is None for p in parts):
+    return None
+  w = [sum(p.get("num_per_task", {"_": 1}).values()) for p in parts]
+  keys = set.intersection(*(set(p[overall]) for p in parts))
+  return {k: sum(wi * p[overall][k] for wi, p in zip(w, parts)) / sum(w) for k in keys}
+
+
+def trajectory(points: dict, split: str, x: str, y: str, overall: str = "overall_instance",
+               y_split: str | None = None) -> tuple:
+  """(xs, ys) of one run over its evaluation points: x on set `split`, y on `y_split` (the
+  same set by default)."""
+  xs, ys = [], []
+  for p in points.values():
+    rx, ry = set_row(p, split, overall), set_row(p, y_split or split, overall)
+    if rx is not None and ry is not None and x in rx and y in ry:
+      xs.append(rx[x])
+      ys.append(ry[y])
+  return xs, ys
+
+
+def matched(runs_points: dict, families: dict, split: str, x: str, y: str, target: float,
+            y_split: str | None = None) -> dict:
+  """{family: {seed: frontier value at x = target}} from {label: {seed: points}}; x on set
+  `split`, y on `y_split` (default: the same)."""
+  out = {}
+  for fam, labels in families.items():
+    seeds = sorted({s for l in labels for s in runs_points.get(l, {})})
+    out[fam] = {s: frontier({l: trajectory(runs_points[l][s], split, x, y, y_split=y_split)
+                             for l in labels if s in runs_points.get(l, {})}, target) for s in seeds}
+  return out
+
+
+MIN_SEEDS = 3  # a contrast on fewer paired seeds is reported as not estimable (p NaN)
+
+
+def contrasts(values: dict, pairs, confidence: float = 0.95) -> list[dict]:
+  """Seed-paired tests of (a, b) family pairs on {family: {seed: v}}, Holm-adjusted over the
+  list; intervals at the Bonferroni level 1 - (1 - confidence) / m as well. Pairs with fewer
+  than MIN_SEEDS seeds where both reach the target get p = NaN (left out of Holm's m)."""
+  m = len(pairs)
+  rows = []
+  for a, b in pairs:
+    r = paired_test(values.get(a, {}), values.get(b, {}), confidence)
+    if r["n"] < MIN_SEEDS:
+      r["p"] = math.nan
+    rb = paired_test(values.get(a, {}), values.get(b, {}), 1 - (1 - confidence) / max(m, 1))
+    rows.append(dict(r, contrast=f"{a} - {b}", low_bonferroni=rb["low"], high_bonferroni=rb["high"]))
+  for r, ph in zip(rows, holm([r["p"] for r in rows])):
+    r["p_holm"] = float(ph)
+  return rows
+
+
+# ---------------------------------------------------------------------------
+# Provenance and CSVs.
+def provenance(repo: str | None = None) -> dict:
+  """The commit (with "+dirty" when the tree has changes), the machine's CPU model and platform."""
+  repo = repo or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  def git(*a):
+    try:
+      return subprocess.run(["git", "-C", repo, *a], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+      return ""
+  commit = git("rev-parse", "HEAD") or "unknown"
+  if git("status", "--porcelain", "--untracked-files=no"):
+    commit += "+dirty"
+  return {"commit": commit, "machine": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform()}
+
+
+def cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def per_seed_rows(runs: dict, points: dict, metrics=POINT_METRICS) -> list[dict]:
+  """One row per (label, seed): status, wall time, the final held-out metrics (C at the
+  evaluation temperature) and the last evaluation point's metrics on every set."""
+  rows = []
+  for label, by_seed in runs.items():
+    for seed, r in by_seed.items():
+      row = {"label": label, "seed": seed, "status": r["status"], "rl_steps_done": r["rl_steps_done"],
+             "wall_s": r["wall_s"]}
+      for m, v in (r.get("after") or {}).items():
+        if m in metrics or m in ("SR_mean", "QR_mean", "distinct"):
+          row[f"final_{m}"] = v
+      pts = points.get(label, {}).get(seed, {})
+      if pts:
+        last_step = max(pts)
+        row["point_rl_step"] = last_step
+        for split, res in pts[last_step]["sets"].items():
+          for m in metrics:
+            if m in res["overall_instance"]:
+              row[f"{split}_{m}"] = res["overall_instance"][m]
+      rows.append(row)
+  return rows
+
+
+def point_rows(points: dict, metrics=POINT_METRICS) -> list[dict]:
+  """One row per (label, seed, RL step, set), both overalls (per instance, per category)."""
+  rows = []
+  for label, by_seed in points.items():
+    for seed, pts in by_seed.items():
+      for step, p in pts.items():
+        for split, res in p["sets"].items():
+          row = {"label": label, "seed": seed, "rl_step": step, "set": split}
+          for m in metrics:
+            row[m] = res["overall_instance"].get(m)
+            row[f"{m}_by_category"] = res["overall"].get(m)
+          rows.append(row)
+  return rows
+
+
+def write_csv(rows: list[dict], path: str) -> None:
+  cols = list(dict.fromkeys(k for r in rows for k in r))
+  with open(path, "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=cols)
+    w.writeheader()
+    w.writerows(rows)
+
+
+# ---------------------------------------------------------------------------
+# Pareto plots.
+# (set of x, x, set of y, y, title): the gain is pass@1 on the RL prompts (A and B), as in
+# the pre-registered contrasts.
+PARETO = (("AB", "pass_optimal@1", "A", "coverage", "coverage on A vs optimal pass@1 on A+B"),
+          ("AB", "pass_optimal@1", "B", "pass_optimal@64", "optimal pass@64 on B vs optimal pass@1 on A+B"),
+          ("AB", "kl_k1", "A", "coverage", "coverage on A vs KL(pi || pi_start) (k1) on A+B"))
+
+
+def plot_pareto(points: dict, families: dict, path: str, targets: dict | None = None) -> None:
+  """Per-seed points (small) and each label's mean curve over seeds (line through its
+  evaluation points), coloured by family; a dotted line at each matching target
+  ({(set, x metric): value})."""
+  from matplotlib.figure import Figure
+  from dmpo_jax.sweep_report import _save
+  fig = Figure(figsize=(5.2 * len(PARETO), 4.4))
+  fam_of = {l: f for f, ls in families.items() for l in ls}
+  fam_color = {f: f"C{i % 10}" for i, f in enumerate(families)}
+  for ax, (split, x, y_split, y, title) in zip(fig.subplots(1, len(PARETO)), PARETO):
+    seen = set()
+    for label, by_seed in points.items():
+      color = fam_color.get(fam_of.get(label), "gray")
+      trajs = [trajectory(p, split, x, y, y_split=y_split) for p in by_seed.values()]
+      trajs = [t for t in trajs if t[0]]
+      if not trajs:
+        continue
+      for xs, ys in trajs:
+        ax.scatter(xs, ys, s=6, color=color, alpha=0.35, lw=0)
+      n = min(len(t[0]) for t in trajs)
+      mx = np.mean([t[0][:n] for t in trajs], 0)
+      my = np.mean([t[1][:n] for t in trajs], 0)
+      fam = fam_of.get(label, label)
+      ax.plot(mx, my, color=color, lw=1.2, marker="o", ms=2.5, label=None if fam in seen else fam)
+      seen.add(fam)
+    if (targets or {}).get((split, x)) is not None:
+      ax.axvline(targets[(split, x)], color="black", ls=":", lw=1)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(f"{x} ({split})")
+    ax.set_ylabel(f"{y} ({y_split})")
+    if seen:
+      ax.legend(fontsize=7)
+  fig.suptitle("each label: mean over seeds along its evaluation points (start, 1/3, 2/3, end); "
+               "dots: seeds; dotted: the matching target", fontsize=9)
+  fig.tight_layout()
+  _save(fig, path)
+
+
+# ---------------------------------------------------------------------------
+# The matched analysis of a sweep folder.
+# The pre-registered comparisons (docs/COLLAPSE.md): (set of x, x, set of y, y). The gain is
+# optimal pass@1 on the RL prompts, A and B together ("AB"): what RL maximises.
+PRIMARY = (("AB", "pass_optimal@1", "A", "coverage"), ("AB", "pass_optimal@1", "B", "pass_optimal@64"))
+EXPLORATORY = (("AB", "kl_k1", "A", "coverage"), ("AB", "kl_k1", "B", "pass_optimal@64"),
+               ("A", "pass_optimal@1", "A", "coverage"), ("B", "pass_optimal@1", "B", "pass_optimal@64"),
+               ("AB", "pass_optimal@1", "A", "distinct_optimal"), ("AB", "pass_optimal@1", "C", "coverage"))
+TARGET_FRACTION = 0.5  # matched at the start's value + this share of the reference's gain
+MIN_GAIN = 0.02  # a reference gain in pass@1 below this leaves nothing to match (no target)
+
+
+def targets(points: dict, reference: str = "grpo", frac: float = TARGET_FRACTION) -> dict:
+  """The matching targets, by the pre-registered rule: for x = pass@1 on a set, the mean
+  start value + frac x (the reference label's mean end value - the mean start value), none
+  when that gain is below MIN_GAIN; for x = KL, frac x the reference's mean end KL. Means
+  over the reference's seeds. {(set, x): target}."""
+  runs = points.get(reference, {})
+  out = {}
+  for split, x, _, _ in PRIMARY + EXPLORATORY:
+    start, end = [], []
+    for pts in runs.values():
+      xs, _ = trajectory(pts, split, x, x)
+      if len(xs) >= 2:
+        start.append(xs[0])
+        end.append(xs[-1])
+    if start:
+      s, e = float(np.mean(start)), float(np.mean(end))
+      if x.startswith("kl"):
+        out[(split, x)] = frac * e
+      elif e - s >= MIN_GAIN:
+        out[(split, x)] = s + frac * (e - s)
+  return out
+
+
+def analyse(points: dict, families: dict, pairs, reference: str = "grpo") -> dict:
+  """Matched values per family and seed, and the contrasts: "primary" (PRIMARY x pairs,
+  Holm over all of them) and "exploratory" (EXPLORATORY x pairs, Holm within). A spec
+  without a target (too small a reference gain) is listed under "no_target"."""
+  tg = targets(points, reference)
+  out = {"targets": {f"{s}/{x}": v for (s, x), v in tg.items()}, "matched": {}, "primary": [],
+         "exploratory": [], "no_target": []}
+  for kind, specs in (("primary", PRIMARY), ("exploratory", EXPLORATORY)):
+    rows = []
+    for split, x, y_split, y in specs:
+      if (split, x) not in tg:
+        out["no_target"].append(f"{kind}: {y_split}/{y} at {split}/{x}")
+        continue
+      vals = matched(points, families, split, x, y, tg[(split, x)], y_split=y_split)
+      out["matched"][f"{y_split}/{y}@{split}/{x}"] = vals
+      for r in contrasts(vals, pairs):
+        rows.append(dict(r, set=y_split, x=f"{split}/{x}", y=y, target=tg[(split, x)]))
+    for r, ph in zip(rows, holm([r["p"] for r in rows])):
+      r["p_holm"] = float(ph)  # over the whole family of this kind
+    out[kind] = rows
+  return out
+
+
+def _f(v, nd=3) -> str:
+  return "—" if v is None or not _finite(v) else f"{v:.{nd}f}"
+
+
+def markdown(result: dict, manifest: dict) -> str:
+  lines = ["# Matched comparisons (dmpo_jax.frontier)", ""]
+  for s in manifest.get("sessions", []):
+    lines.append(f"- run on commit `{s.get('commit')}`, machine {s.get('machine')} ({s.get('cpus')} CPUs), "
+                 f"started {s.get('started')}, wall {_f(s.get('wall_s'), 0)} s")
+  lines += ["", "Targets (pre-registered rule: start + 1/2 of `grpo`'s mean gain in pass@1; 1/2 of "
+            "`grpo`'s mean end KL; AB = sets A and B together, the RL prompts): " + ", ".join(f"{k} = {_f(v)}" for k, v in result["targets"].items()), ""]
+  if result.get("no_target"):
+    lines += [f"No target (the reference's mean pass@1 gain is below {MIN_GAIN}): "
+              + "; ".join(result["no_target"]), ""]
+  head = ["contrast", "set of y", "y at matched x", "target", "n", "mean diff", "95% CI",
+          "Bonferroni CI", "p", "p (Holm)"]
+  for kind in ("primary", "exploratory"):
+    lines += [f"## {'Pre-registered' if kind == 'primary' else 'Exploratory'} contrasts "
+              f"(seed-paired; each method's best strength at the target)", ""]
+    rows = [[f"`{r['contrast']}`", r["set"], f"{r['y']} @ {r['x']}", _f(r["target"]), str(r["n"]),
+             _f(r["mean"]), f"[{_f(r['low'])}, {_f(r['high'])}]",
+             f"[{_f(r['low_bonferroni'])}, {_f(r['high_bonferroni'])}]", _f(r["p"], 4), _f(r["p_holm"], 4)]
+            for r in result[kind]]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows] + [""]
+  lines += ["## Matched values per method (mean [95% t-interval] over seeds that reach the target, n)", ""]
+  fams = sorted({f for v in result["matched"].values() for f in v})
+  keys = list(result["matched"])
+  lines += ["| method | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 1)]
+  for f in fams:
+    cells = []
+    for k in keys:
+      v = {s: x for s, x in result["matched"][k].get(f, {}).items() if _finite(x)}
+      if len(v) >= 2:
+        iv = stats.mean_ci(list(v.values()))
+        cells.append(f"{iv.mean:.3f} [{iv.low:.3f}, {iv.high:.3f}] n={iv.n}")
+      else:
+        cells.append(f"{_f(next(iter(v.values()), None))} n={len(v)}")
+    lines.append(f"| `{f}` | " + " | ".join(cells) + " |")
+  lines += ["", "Per-seed values: `matched.csv` (one row per comparison, method and seed), `per_seed.csv` (one row per seed and label), `points.csv` (one row per "
+            "run, evaluation point and set; `*_by_category` columns: the mean of category means, the "
+            "others: the mean over instances).", "", "![Pareto plots](pareto.png)", ""]
+  return "\n".join(lines)
+
+
+def write(out: str, runs: dict, manifest: dict, plots: bool = True) -> dict:
+  """frontier.md, frontier.json, per_seed.csv, points.csv and pareto.png of a sweep folder
+  (runs: sweep_report.collect's)."""
+  from dmpo_jax.training import report
+  points = {l: {s: p for s in by_seed if (p := read_points(os.path.join(out, l, f"seed{s}")))}
+            for l, by_seed in runs.items()}
+  points = {l: v for l, v in points.items() if v}
+  write_csv(per_seed_rows(runs, points), os.path.join(out, "per_seed.csv"))
+  if not points:
+    return {}
+  write_csv(point_rows(points), os.path.join(out, "points.csv"))
+  families = {f: [l for l in ls if l in points] for f, ls in manifest.get("families", {}).items()}
+  families = {f: ls for f, ls in families.items() if ls}
+  pairs = [tuple(p) for p in manifest.get("contrasts", [])]
+  result = analyse(points, families, pairs, manifest.get("baseline", "grpo"))
+  write_csv([{"comparison": k, "method": f, "seed": seed, "value": x}
+             for k, v in result["matched"].items() for f, d in v.items() for seed, x in d.items()],
+            os.path.join(out, "matched.csv"))
+  if plots:
+    plot_pareto(points, families or {l: [l] for l in points}, os.path.join(out, "pareto.png"),
+                targets(points, manifest.get("baseline", "grpo")))
+  with open(os.path.join(out, "frontier.md"), "w") as f:
+    f.write(markdown(result, manifest))
+  safe = {k: v for k, v in result.items() if k != "matched"}
+  safe["matched"] = {k: {f: {str(s): x for s, x in d.items()} for f, d in v.items()}
+                     for k, v in result["matched"].items()}
+  from dmpo_jax.sweep_report import _json_safe
+  report.write_json(_json_safe(safe), os.path.join(out, "frontier.json"))
+  return result

@@ -1,0 +1,74 @@
+"""What a config trains and evaluates on, without building a model: `--dry_run`.
+
+    python -m dmpo_jax.train --config=configs/collapse.py --workdir=/tmp/dry --dry_run
+
+writes DIR/instances.json, {"sft": [[task, instance], ...], "rl": [...], "eval": [...]}:
+every instance the SFT stage trains on (one row per instance of a step, in order;
+each appears config.sft.solutions_per_instance times in the batch), every RL prompt
+in order, and the evaluation set (with splits: C; A and B are evaluated too, and
+their instances are the ones under "sft" and "rl"). The RL rows are the stream before
+DPH's D_pef is taken out of it (dph_* presets skip those rows), so "rl" is a superset
+of what a dph_* run trains on. Also "splits" (A, B, C) where the config has them, and
+"checks": which of the promised disjointness properties hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from dmpo_jax.training import pipeline, report
+from dmpo_jax.training import splits as splits_lib
+
+
+def taskset_from_config(cfg, keys) -> pipeline.TaskSet:
+  """The trainer's TaskSet for config.tasks `keys` (config.collapse's pool and splits)."""
+  c = cfg.get("collapse") or {}
+  return pipeline.TaskSet(keys, cfg.level, cfg.seed,
+                          pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level),
+                          collapse=pipeline.Collapse.from_config(cfg), pool=int(c.get("pool", 0)),
+                          splits=c.get("splits", ()), split_file=c.get("split_file", ""),
+                          sft_from=c.get("sft_from", "A"), rl_from=c.get("rl_from", "AB"))
+
+
+def rows(cfg, taskset: pipeline.TaskSet) -> dict:
+  """{"sft", "rl", "eval"} lists of (key, instance) in training order."""
+  per = cfg.sft.solutions_per_instance
+  sft = [it for s in range(cfg.sft.steps) for it in taskset.train("sft", s, cfg.sft.batch_size // per)]
+  rl = [it for s in range(cfg.rl.steps) for it in taskset.train("rl", s, cfg.rl.prompts_per_step)]
+  return {"sft": sft, "rl": rl, "eval": taskset.held_out(cfg.eval.num_per_task)}
+
+
+def checks(out: dict, taskset: pipeline.TaskSet) -> dict:
+  """Which properties hold: eval repeats nothing and shares nothing with sft or rl; with
+  splits, sft stays off B, and the three sets are disjoint (Splits checks that on build)."""
+  ids = {k: [splits_lib.instance_id(key, q) for key, q in v] for k, v in out.items()}
+  ev = set(ids["eval"])
+  res = {"eval_distinct": len(ev) == len(ids["eval"]),
+         "sft_eval_shared": len(ev & set(ids["sft"])), "rl_eval_shared": len(ev & set(ids["rl"]))}
+  if taskset.splits:
+    res["sft_in_B"] = len(set(ids["sft"]) & taskset.split_sets().ids("B"))
+  if taskset.pool and not taskset.splits:
+    res["pool"] = "evaluation is on the pool's instances, the ones trained on (by design)"
+  res["disjoint"] = (res["eval_distinct"] and not res["sft_eval_shared"] and not res["rl_eval_shared"]
+                     and not res.get("sft_in_B", 0))
+  return res
+
+
+def write(cfg, workdir: str, keys) -> dict:
+  """DIR/instances.json for `cfg` (see the module docstring); returns its content."""
+  taskset = taskset_from_config(cfg, keys)
+  out = rows(cfg, taskset)
+  result = {k: [[key, q] for key, q in v] for k, v in out.items()}
+  if taskset.splits:
+    result["splits"] = taskset.split_sets().to_json()
+  result["checks"] = checks(out, taskset)
+  os.makedirs(workdir, exist_ok=True)
+  report.write_json(result, os.path.join(workdir, "instances.json"))
+  return result
+
+
+def summary(result: dict) -> str:
+  distinct = lambda v: len({splits_lib.instance_id(k, q) for k, q in v})
+  parts = [f"{k}: {len(result[k])} rows, {distinct(result[k])} distinct" for k in ("sft", "rl", "eval")]
+  return "; ".join(parts) + f"; checks {json.dumps(result['checks'])}"
