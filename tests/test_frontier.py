@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from dmpo_jax import frontier, sweep, sweep_report
+from dmpo_jax.experiments import frontier, report as sweep_report, sweep
 from dmpo_jax.training import instances, pipeline, points, report, splits
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

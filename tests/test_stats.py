@@ -1,10 +1,10 @@
-"""Seed-paired statistics (dmpo_jax/stats.py) against hand-computed values."""
+"""Seed-paired statistics (dmpo_jax/experiments/stats.py) against hand-computed values."""
 
 import math
 
 import pytest
 
-from dmpo_jax import stats
+from dmpo_jax.experiments import stats
 
 # Two-sided 95% Student-t critical values, from printed tables.
 T975 = {1: 12.7062, 2: 4.3027, 4: 2.7764, 5: 2.5706, 9: 2.2622, 29: 2.0452}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dmpo_jax.training import report
-from dmpo_jax import stats, sweep, sweep_report
+from dmpo_jax.experiments import report as sweep_report, stats, sweep
 from dmpo_jax.objectives import presets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -215,7 +215,7 @@ def test_report_on_a_partial_sweep(tmp_path):
 # The CLI end to end on the smoke config.
 def cli(out, *args, cache):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=REPO)
-  r = subprocess.run([sys.executable, "-m", "dmpo_jax.sweep", f"--config={CONFIG}", f"--out={out}",
+  r = subprocess.run([sys.executable, "-m", "dmpo_jax.experiments.sweep", f"--config={CONFIG}", f"--out={out}",
                       "--smoke", f"--cache_dir={cache}", "--no_progress", "--set=log.tensorboard=False",
                       "--set=log.plots=False", "--set=checkpoint.export_hf=False", *args],
                      cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)

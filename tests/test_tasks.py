@@ -142,7 +142,7 @@ STATS_TOLERANCE = 0.12  # relative; two draws of 200 from NP-Bench's own generat
 def test_generator_statistics_follow_npbench(key):
   """Mean statistics over 200 instances per level are within STATS_TOLERANCE of NP-Bench's
   generators' (docs/TASKS.md's table)."""
-  from dmpo_jax.tasks import stats
+  from dmpo_jax.tasks import instance_stats as stats
   for i, level in enumerate(("easy", "medium", "hard", "bench")):
     ours = stats.level_stats(key, level, 200)
     assert set(ours) == set(NPBENCH_STATS[key])

@@ -28,7 +28,6 @@ from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.objectives import presets, terms
 from dmpo_jax.parallel import sharding
 from dmpo_jax.tasks import base as tasks_base
-from dmpo_jax.tasks import optima as optima_lib
 
 
 class ConfigError(ValueError):
@@ -266,10 +265,10 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
       raise ConfigError(f"config.eval.num_per_task={cfg.eval.num_per_task} exceeds config.collapse.pool="
                         f"{c.pool}: with a pool, evaluation is on the pool's instances")
   if cfg.sft.targets == "optimal":
-    missing = [k for k in keys if k not in optima_lib.supported()]
+    missing = [k for k in keys if not tasks_lib.get(k).has_optima]
     if missing:
       raise ConfigError(f"config.sft.targets='optimal' needs optimal-solution enumeration, which "
-                        f"{missing} lack (config.tasks); supported: {optima_lib.supported()}")
+                        f"{missing} lack (config.tasks); supported: {tasks_lib.with_optima()}")
 
 
 # ---------------------------------------------------------------------------

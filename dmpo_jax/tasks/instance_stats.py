@@ -6,7 +6,7 @@ function measures instances from any generator. ``level_stats`` averages it
 over seeds; docs/TASKS.md tabulates it for 200 instances per level, ours
 beside NP-Bench's, and the tests hold our generators to that table.
 
-    python -m dmpo_jax.tasks.stats --num=200   # prints the table rows
+    python -m dmpo_jax.tasks.instance_stats --num=200   # prints the table rows
 """
 
 from __future__ import annotations

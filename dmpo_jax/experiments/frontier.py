@@ -17,7 +17,7 @@ same movement):
   (one row per run, evaluation point and instance set) and the Pareto plots.
 
 The methods (families of labels) and the pre-registered contrasts are data: `FAMILIES`
-and `CONTRASTS` in dmpo_jax/sweep.py (the sweep that runs them).
+and `CONTRASTS` in dmpo_jax/experiments/sweep.py (the sweep that runs them).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import subprocess
 
 import numpy as np
 
-from dmpo_jax import stats
+from dmpo_jax.experiments import files, stats
 
 POINT_METRICS = ("pass_optimal@1", "coverage", "distinct_optimal", "pass_optimal@8", "pass_optimal@64",
                  "kl_k1", "kl_k3", "optimal_rate")
@@ -264,7 +264,6 @@ def plot_pareto(points: dict, families: dict, path: str, targets: dict | None = 
   evaluation points), coloured by family; a dotted line at each matching target
   ({(set, x metric): value})."""
   from matplotlib.figure import Figure
-  from dmpo_jax.sweep_report import _save
   fig = Figure(figsize=(5.2 * len(PARETO), 4.4))
   fam_of = {l: f for f, ls in families.items() for l in ls}
   fam_color = {f: f"C{i % 10}" for i, f in enumerate(families)}
@@ -294,7 +293,7 @@ def plot_pareto(points: dict, families: dict, path: str, targets: dict | None = 
   fig.suptitle("each label: mean over seeds along its evaluation points (start, 1/3, 2/3, end); "
                "dots: seeds; dotted: the matching target", fontsize=9)
   fig.tight_layout()
-  _save(fig, path)
+  files.save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------
@@ -360,7 +359,7 @@ def _f(v, nd=3) -> str:
 
 
 def markdown(result: dict, manifest: dict) -> str:
-  lines = ["# Matched comparisons (dmpo_jax.frontier)", ""]
+  lines = ["# Matched comparisons (dmpo_jax.experiments.frontier)", ""]
   for s in manifest.get("sessions", []):
     lines.append(f"- run on commit `{s.get('commit')}`, machine {s.get('machine')} ({s.get('cpus')} CPUs), "
                  f"started {s.get('started')}, wall {_f(s.get('wall_s'), 0)} s")
@@ -426,6 +425,5 @@ def write(out: str, runs: dict, manifest: dict, plots: bool = True) -> dict:
   safe = {k: v for k, v in result.items() if k != "matched"}
   safe["matched"] = {k: {f: {str(s): x for s, x in d.items()} for f, d in v.items()}
                      for k, v in result["matched"].items()}
-  from dmpo_jax.sweep_report import _json_safe
-  report.write_json(_json_safe(safe), os.path.join(out, "frontier.json"))
+  report.write_json(files.json_safe(safe), os.path.join(out, "frontier.json"))
   return result

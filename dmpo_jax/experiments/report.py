@@ -1,13 +1,13 @@
 """The report of a sweep folder (finished or partial): report.md, report.json and PNG plots.
 
-    from dmpo_jax import sweep_report
-    sweep_report.write_report("runs/sweep")      # also: python -m dmpo_jax.sweep --out=... --report_only
+    from dmpo_jax.experiments import report as sweep_report
+    sweep_report.write_report("runs/sweep")      # also: python -m dmpo_jax.experiments.sweep --out=... --report_only
 
 Everything is read from the run folders (`<label>/seed<k>/`: results.json,
 eval_before.json, eval_after.json, metrics.jsonl, config.json); nothing is
 recomputed. Per label: the mean and 95% Student-t interval over seeds of the
 final metrics of finished runs, and the seed-paired difference against the
-baseline label (dmpo_jax.stats). A metric the trainer does not write is
+baseline label (dmpo_jax.experiments.stats). A metric the trainer does not write is
 reported as "not logged" (FINAL, CURVES and GRADIENTS list the names read).
 """
 
@@ -22,7 +22,7 @@ import tempfile
 import numpy as np
 
 from dmpo_jax.training import report
-from dmpo_jax import stats
+from dmpo_jax.experiments import files, frontier, stats
 
 NOT_LOGGED = "not logged"
 # (name in the report, what it is): keys of the evaluation's "overall" dict after RL.
@@ -217,13 +217,6 @@ def pass_curves(runs: dict, before_by_seed: dict) -> dict:
 
 # ---------------------------------------------------------------------------
 # Plots (matplotlib's Figure: never switches the caller's backend).
-def _save(fig, path: str) -> None:
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".png")
-  os.close(fd)
-  fig.savefig(tmp, dpi=110)
-  os.replace(tmp, path)
-
-
 def plot_curves(cv: dict, path: str) -> None:
   from matplotlib.figure import Figure
   fig = Figure(figsize=(4.2 * len(CURVES), 3.4))
@@ -245,7 +238,7 @@ def plot_curves(cv: dict, path: str) -> None:
     ax.set_xlabel("RL step")
   fig.suptitle("mean over seeds, band: 95% t-interval", fontsize=9)
   fig.tight_layout()
-  _save(fig, path)
+  files.save_figure(fig, path)
 
 
 def plot_pass(pc: dict, path: str) -> None:
@@ -271,7 +264,7 @@ def plot_pass(pc: dict, path: str) -> None:
     ax.set_title(f"pass@k, correct = {kind} (before: dashed; after RL: solid)", fontsize=9)
     ax.set_xlabel("k")
   fig.tight_layout()
-  _save(fig, path)
+  files.save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------
@@ -336,17 +329,6 @@ def markdown(out: str, manifest: dict, runs: dict, summ: dict, baseline: str) ->
   return "\n".join(lines) + "\n"
 
 
-def _json_safe(x):
-  """NaN/inf -> None (strict JSON), recursively."""
-  if isinstance(x, dict):
-    return {k: _json_safe(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_json_safe(v) for v in x]
-  if isinstance(x, float) and not math.isfinite(x):
-    return None
-  return x
-
-
 def write_report(out: str, baseline: str | None = None, plots: bool = True) -> dict:
   """Write report.md, report.json, curves.png and pass_at_k.png (plots=True) into `out`; returns
   report.json's content plus "summary" (the final-metrics table as text)."""
@@ -360,7 +342,6 @@ def write_report(out: str, baseline: str | None = None, plots: bool = True) -> d
   if plots:
     plot_curves(cv, os.path.join(out, "curves.png"))
     plot_pass(pc, os.path.join(out, "pass_at_k.png"))
-  from dmpo_jax import frontier
   matched = frontier.write(out, runs, manifest, plots)
   text = markdown(out, manifest, runs, summ, baseline)
   if matched:
@@ -373,7 +354,7 @@ def write_report(out: str, baseline: str | None = None, plots: bool = True) -> d
             "gradients": summ["gradients"], "before": summ["before"], "curves": cv,
             "pass_at_k": {kind: {n: {str(k): iv for k, iv in by_k.items()} for n, by_k in d.items()}
                           for kind, d in pc.items()}}
-  report.write_json(_json_safe(result), os.path.join(out, "report.json"))
+  report.write_json(files.json_safe(result), os.path.join(out, "report.json"))
   i = text.index("## Final metrics")
   result["summary"] = text[:text.index("## Paired", i)]
   return result

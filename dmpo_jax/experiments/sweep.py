@@ -1,16 +1,16 @@
 r"""Run presets x settings x seeds of one config, one folder per run, then one report.
 
-    python -m dmpo_jax.sweep --config=configs/collapse.py --out=runs/sweep        # SETTINGS x 5 seeds
-    python -m dmpo_jax.sweep --config=configs/collapse.py --out=runs/sweep \
+    python -m dmpo_jax.experiments.sweep --config=configs/collapse.py --out=runs/sweep        # SETTINGS x 5 seeds
+    python -m dmpo_jax.experiments.sweep --config=configs/collapse.py --out=runs/sweep \
         --presets=grpo,dmpo-2-a1_15 --seeds=0-4 --set=rl.steps=120
-    python -m dmpo_jax.sweep --config=configs/collapse.py --out=/tmp/sw --smoke --presets=grpo,dmpo --seeds=0,1
-    python -m dmpo_jax.sweep --out=runs/sweep --report_only                         # rebuild the report
+    python -m dmpo_jax.experiments.sweep --config=configs/collapse.py --out=/tmp/sw --smoke --presets=grpo,dmpo --seeds=0,1
+    python -m dmpo_jax.experiments.sweep --out=runs/sweep --report_only                         # rebuild the report
 
 Layout of --out: `<label>/seed<k>/` (an ordinary training workdir per run),
 `_sft/seed<k>/` (the shared SFT stage and evaluation before RL of seed k),
 `_jax_cache/` (compiled functions, reused by later runs and later sweeps),
 `sweep.json` (what was asked), `report.md`, `report.json`, `*.png`
-(dmpo_jax.sweep_report).
+(dmpo_jax.experiments.report).
 
 Resuming: rerun the same command. A run with results.json is skipped; an
 interrupted one resumes from its own checkpoint (the trainer's resume). A
@@ -421,7 +421,7 @@ def run_sweep(runs: list[Run], out: str, *, train_fn=None, max_runs: int | None 
 # ---------------------------------------------------------------------------
 def main(argv=None):
   import argparse
-  ap = argparse.ArgumentParser(prog="python -m dmpo_jax.sweep", description=__doc__.split("\n")[0])
+  ap = argparse.ArgumentParser(prog="python -m dmpo_jax.experiments.sweep", description=__doc__.split("\n")[0])
   ap.add_argument("--config", default="configs/collapse.py", help="config file[:args]")
   ap.add_argument("--out", required=True, help="sweep folder (resumed when it exists)")
   ap.add_argument("--presets", default=",".join(SETTINGS),
@@ -440,7 +440,7 @@ def main(argv=None):
   ap.add_argument("--report_only", action="store_true", help="only (re)write the report")
   ap.add_argument("--no_progress", action="store_true")
   args = ap.parse_args(argv)
-  from dmpo_jax import sweep_report
+  from dmpo_jax.experiments import report as sweep_report
 
   if args.report_only:
     print(sweep_report.write_report(args.out)["summary"])
@@ -463,7 +463,7 @@ def main(argv=None):
     enable_compile_cache(args.cache_dir or os.path.join(args.out, CACHE_DIR))
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-  from dmpo_jax import frontier
+  from dmpo_jax.experiments import frontier
   from dmpo_jax.training import report as report_lib
   path = os.path.join(args.out, "sweep.json")
   sessions = (report_lib.read_json(path).get("sessions", []) if os.path.exists(path) else [])
