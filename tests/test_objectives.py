@@ -319,7 +319,7 @@ def test_kl_in_reward_subtracts_the_sampled_log_ratio():
 
 def test_unknown_names_list_the_choices():
   with pytest.raises(ValueError, match=r"unknown advantage estimator objective.advantage='ppo'; "
-                                       r"choose one of \['dr_grpo', 'grpo', 'rloo'\]"):
+                                       r"choose one of \['dr_grpo', 'grpo', 'passk', 'pkpo', 'psr_nsr', 'rloo'\]"):
     presets.objective_config("grpo", advantage="ppo")
   with pytest.raises(ValueError, match=r"unknown policy loss objective.policy_loss='ppo'.*'none'"):
     presets.objective_config("grpo", policy_loss="ppo")
