@@ -268,3 +268,59 @@ def test_every_new_preset_builds_and_declares_its_batch():
     presets.objective_config("grpo", shaping="bogus")
   with pytest.raises(ValueError, match="objective.correct"):
     presets.objective_config("passk", correct="maybe")
+
+
+# ------------------------------------------------------------------ the verifier's flags
+
+def test_score_groups_flags_optimal_feasible_and_answers():
+  from dmpo_jax import tasks as tasks_lib
+  from dmpo_jax.tasks import rewards as rewards_lib
+  from dmpo_jax.training import pipeline
+  task = tasks_lib.get("knapsack")
+  for seed in range(50):  # an instance with a feasible solution that is not optimal
+    q = task.generate(seed, "tiny")
+    opt = task.optimal_solutions(q)
+    worse = [s for s in task.sample_solutions(q, 8, seed=seed)
+             if task.verify_solution(q, s).value != opt.value]
+    if opt.complete and worse:
+      break
+  texts = ["Answer: " + task.format_solution(opt.solutions[0]), "Answer: " + task.format_answer(worse[0]),
+           "Answer: nonsense", "Answer: " + task.format_solution(opt.solutions[0])]
+  cfg = rewards_lib.RewardConfig()
+  _, st = pipeline.score_groups([("knapsack", q)], texts, 4, cfg, correct="optimal", answers=True)
+  np.testing.assert_array_equal(st["correct"], [[True, False, False, True]])
+  _, st_f = pipeline.score_groups([("knapsack", q)], texts, 4, cfg, correct="feasible")
+  np.testing.assert_array_equal(st_f["correct"], [[True, True, False, True]])
+  a = st["answer"][0]
+  assert a[0] == a[3] and a[0] != a[1] and a[2] == -1 and a[0] >= 0
+  assert pipeline.prompt_id("knapsack", q) == pipeline.prompt_id("knapsack", task.generate(seed, "tiny"))
+
+
+# ------------------------------------------------------------------ the miniature
+
+def test_miniature_runs_on_device_terms_and_refuses_host_state():
+  with pytest.raises(ValueError, match="host state"):
+    miniature.train(presets.objective_config("outcome_ucb"), [1.0, 0.0], jnp.zeros(2))
+  fn = miniature.train(presets.objective_config("clip_cov"), [1.0, 1.0, 0.0], jnp.zeros(3), steps=3)
+  final, hist = fn(jax.random.key(0))
+  assert hist.shape == (3, 3) and np.isclose(float(final.sum()), 1.0, atol=1e-5)
+
+
+# ------------------------------------------------------------------ end to end (slow tier)
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", NEW_PRESETS)
+def test_smoke_run(algo, tmp_path):
+  import json
+  from dmpo_jax import train as train_lib
+  from tests.test_train import smoke
+  cfg = smoke(f"smoke,algo={algo}", **{"checkpoint.export_hf": False, "log.plots": False})
+  res = train_lib.train(cfg, str(tmp_path))
+  assert res["algo"] == algo
+  rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl") if '"rl"' in l]
+  assert len(rows) == 3 and all(np.isfinite(r["loss"]) for r in rows)
+  obj = presets.objective_config(algo)
+  if obj.reward == "correct":
+    assert all(0.0 <= r["correct"] <= 1.0 for r in rows)
+  if obj.policy_loss in ("kl_cov", "clip_cov"):  # KL-Cov always picks at least one token
+    assert all(r["pg_cov_frac"] > 0 if algo == "kl_cov" else r["pg_cov_frac"] >= 0 for r in rows)
