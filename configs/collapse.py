@@ -7,7 +7,8 @@ solutions, an SFT start that is competent and diverse, then RL at group size 8 o
     python -m dmpo_jax.sweep --config=configs/collapse.py --out=runs/sweep   # every preset x 5 seeds
 
 Arguments after the colon (comma-separated): `algo=<preset>`, `level=<level>`,
-`seed=<int>`, `tasks=<key+key+...>`, `group=<8|16>`, `pool=<N>`, and `smoke`.
+`seed=<int>`, `tasks=<key+key+...>`, `group=<8|16>`, `pool=<N>`, `pass256` (evaluate with 256
+samples per instance, pass@k for k = 1, 2, 4, ..., 256), and `smoke`.
 Everything else is configs/nphard.py's default run.
 
 Two regimes (docs/COLLAPSE.md):
@@ -33,7 +34,8 @@ from ml_collections import config_dict  # noqa: E402
 # Tasks whose `tiny` instances have >= 2 optima most often (docs/COLLAPSE.md, 50 instances each):
 # GCP-D 72%, maximum-set 56%, maximum_clique_problem 54%, subset-sum 36%.
 DEFAULT_TASKS = "GCP-D+maximum-set+maximum_clique_problem+subset-sum"
-KNOWN = {"algo", "level", "seed", "tasks", "group", "smoke", "pool"}
+KNOWN = {"algo", "level", "seed", "tasks", "group", "smoke", "pool", "pass256"}
+PASS256_KS = tuple(2 ** i for i in range(9))  # 1, 2, 4, ..., 256
 
 
 def _parse(arg: str | None) -> dict:
@@ -100,6 +102,10 @@ def get_config(arg: str | None = None):
     # samples are all optimal, which carry no policy gradient.
     if not opts.get("smoke"):
       c.sft.steps = 600
+  if opts.get("pass256"):
+    # pass@k to k = 256 (feasible and optimal): 256 samples per instance, 4 instances per sampler
+    # call, so a call holds 1,024 rows, fewer than the default 24 x 64: memory stays flat.
+    c.eval.update(samples=256, pass_ks=PASS256_KS, batch_prompts=4)
   if opts.get("smoke"):
     c.collapse.update(limit=16, time_limit=2.0)
     c.eval.update(num_per_task=1, samples=8, pass_ks=(1, 8), batch_prompts=8)

@@ -324,3 +324,44 @@ def test_smoke_run(algo, tmp_path):
     assert all(0.0 <= r["correct"] <= 1.0 for r in rows)
   if obj.policy_loss in ("kl_cov", "clip_cov"):  # KL-Cov always picks at least one token
     assert all(r["pg_cov_frac"] > 0 if algo == "kl_cov" else r["pg_cov_frac"] >= 0 for r in rows)
+
+
+# ------------------------------------------------------------------ pass@k to 256
+
+def test_pass_at_k_to_256_against_exact_counts():
+  """The product-form estimator against brute force over k-subsets (small n) and against
+  exact integer binomials at n = 256 (every k of the pass256 range)."""
+  from fractions import Fraction
+  from dmpo_jax.tasks import diversity, scoring
+  for n in range(1, 9):
+    for c in range(n + 1):
+      for k in range(1, n + 1):
+        hits = [1] * c + [0] * (n - c)
+        subs = _subsets(n, k)
+        want = sum(any(hits[j] for j in s) for s in subs) / len(subs)
+        assert abs(scoring.pass_at_k(n, c, k) - want) < 1e-12, (n, c, k)
+  import sys, os
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
+  import collapse
+  assert collapse.PASS256_KS[-1] == 256
+  for c in (0, 1, 2, 7, 64, 200, 255, 256):
+    for k in collapse.PASS256_KS:
+      want = 1 - Fraction(math.comb(256 - c, k), math.comb(256, k))
+      assert abs(scoring.pass_at_k(256, c, k) - float(want)) < 1e-12, (c, k)
+  correct = np.zeros((3, 256), bool)
+  correct[0, :5] = True
+  correct[2] = True
+  curve = diversity.pass_at_k_curve(correct, collapse.PASS256_KS)
+  want = [np.mean([float(1 - Fraction(math.comb(256 - c, k), math.comb(256, k))) for c in (5, 0, 256)])
+          for k in collapse.PASS256_KS]
+  np.testing.assert_allclose(curve, want, atol=1e-12)
+
+
+def test_pass256_config():
+  import sys, os
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
+  import collapse
+  c = collapse.get_config("pass256")
+  assert c.eval.samples == 256 and max(c.eval.pass_ks) == 256
+  default = collapse.get_config("")
+  assert c.eval.samples * c.eval.batch_prompts <= default.eval.samples * default.eval.batch_prompts
