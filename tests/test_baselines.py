@@ -365,3 +365,11 @@ def test_pass256_config():
   assert c.eval.samples == 256 and max(c.eval.pass_ks) == 256
   default = collapse.get_config("")
   assert c.eval.samples * c.eval.batch_prompts <= default.eval.samples * default.eval.batch_prompts
+
+
+def test_group_smaller_than_k_is_refused_before_training():
+  presets.check_group_size(presets.objective_config("passk"), 4)
+  with pytest.raises(ValueError, match="passk_k=8 exceeds the group size"):
+    presets.check_group_size(presets.objective_config("passk", passk_k=8), 4)
+  with pytest.raises(ValueError, match="pkpo_k=5"):
+    presets.check_group_size(presets.objective_config("pkpo", pkpo_k=5), 4)

@@ -217,6 +217,14 @@ def needs_host_state(cfg: ObjectiveConfig) -> bool:
   return shaping.SHAPING.get(cfg.shaping).host
 
 
+def check_group_size(cfg: ObjectiveConfig, group_size: int) -> None:
+  """Refuse a group smaller than a k the objective needs (Pass@k Training, PKPO)."""
+  for field, adv in (("passk_k", "passk"), ("pkpo_k", "pkpo")):
+    if cfg.advantage == adv and getattr(cfg, field) > group_size:
+      raise ValueError(f"objective.{field}={getattr(cfg, field)} exceeds the group size "
+                       f"config.rl.group_size={group_size}: {adv} needs k <= G")
+
+
 def needs_group(cfg: ObjectiveConfig) -> bool:
   """Whether the objective is undefined on a group of one sample (G < 2)."""
   return cfg.advantage in terms.NEEDS_GROUP or cfg.dm_coef > 0

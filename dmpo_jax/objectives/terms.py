@@ -140,7 +140,8 @@ def _kl_cov(cfg, x: PolicyInputs):
 @POLICY_LOSSES.register("clip_cov", needs=("key",))
 def _clip_cov(cfg, x: PolicyInputs):
   # one key for the batch: the first prompt's (each micro-batch slice has its own first prompt)
-  key = jax.random.wrap_key_data(x.batch["key"].reshape(-1, 2)[0])
+  data = x.batch["key"]
+  key = jax.random.wrap_key_data(data.reshape((-1,) + data.shape[-1:])[0])
   return covariance.clip_cov_loss(x.logprobs, x.old_logprobs, x.mask, x.advantages, key,
                                   frac=cfg.clip_cov_frac, lb=cfg.clip_cov_lb, ub=cfg.clip_cov_ub,
                                   eps_low=cfg.eps_low, eps_high=cfg.eps_high)
