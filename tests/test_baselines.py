@@ -373,3 +373,20 @@ def test_group_smaller_than_k_is_refused_before_training():
     presets.check_group_size(presets.objective_config("passk", passk_k=8), 4)
   with pytest.raises(ValueError, match="pkpo_k=5"):
     presets.check_group_size(presets.objective_config("pkpo", pkpo_k=5), 4)
+
+
+@pytest.mark.slow  # the miniature's table (docs/METHODS.md): 400 steps x 8 seeds per preset
+def test_miniature_terms_on_answers_keep_the_weakest_optimum():
+  rewards = [1.0, 1.0, 1.0, 0.5, 0.2, 0.0]
+  skewed = jnp.log(jnp.array([0.3, 0.03, 0.03, 0.24, 0.2, 0.2]))
+
+  def weakest(name):
+    fn = miniature.train(presets.objective_config(name), rewards, skewed, steps=400, lr=0.05)
+    final, _ = jax.vmap(fn)(jax.random.split(jax.random.key(0), 8))
+    return np.asarray(final)[:, :3].min(1)
+
+  g = weakest("grpo")
+  assert g.mean() < 0.05, g
+  for name in ("unlikely", "outcome_batch"):
+    w = weakest(name)
+    assert w.min() > 0.25 and w.mean() > 5 * g.mean(), (name, w)
