@@ -390,3 +390,10 @@ def test_miniature_terms_on_answers_keep_the_weakest_optimum():
   for name in ("unlikely", "outcome_batch"):
     w = weakest(name)
     assert w.min() > 0.25 and w.mean() > 5 * g.mean(), (name, w)
+
+
+def test_pkpo_on_binary_rewards_leaves_wrong_samples_at_zero():
+  r = jnp.array([[1., 0., 0., 1., 0., 0., 0., 0.], [0., 0., 0., 0., 1., 0., 0., 0.]])
+  adv = np.asarray(passk.pkpo_advantages(r, 4))
+  np.testing.assert_allclose(adv[np.asarray(r) == 0], 0.0, atol=1e-6)
+  assert (adv[np.asarray(r) == 1] > 0).all()
