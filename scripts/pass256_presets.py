@@ -25,12 +25,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import collapse as collapse_cfg  # noqa: E402
 import nphard  # noqa: E402
 
+from dmpo_jax import tasks as tasks_lib  # noqa: E402
 from dmpo_jax import train as train_lib  # noqa: E402
 from dmpo_jax.tasks import optima  # noqa: E402
 from dmpo_jax.training import checkpoint as ckpt_lib  # noqa: E402
 from dmpo_jax.training import evaluation, pipeline  # noqa: E402
 
 KS = collapse_cfg.PASS256_KS
+
+
+def has_optima(key: str) -> bool:
+  """Whether the task enumerates its optima (Task.has_optima where the tasks have it)."""
+  task = tasks_lib.get(key)
+  return task.has_optima() if hasattr(task, "has_optima") else key in optima.supported()
 
 
 def curves(root: str, algo: str, sft_steps: int, rl_steps: int, with_before: bool) -> dict:
@@ -41,7 +48,7 @@ def curves(root: str, algo: str, sft_steps: int, rl_steps: int, with_before: boo
   workdir = os.path.join(root, algo)
   run, state = train_lib.setup(cfg, workdir)
   run.ckpt.close()
-  items = [it for it in run.taskset.held_out(2) if it[0] in optima.supported()]
+  items = [it for it in run.taskset.held_out(2) if has_optima(it[0])]
   sampler = run.sampler(run.sampling_config(256, 0.7))
   out = {}
   for name, step in (("before", sft_steps), (algo, sft_steps + rl_steps)):
