@@ -1,7 +1,7 @@
 """One full RL step, split: rollout (our sampler), reward (host: decode + verify), update.
 
 The step is the training loop's own: `training.collect_rollouts` (the jitted
-sampler of `training.make_sampler`, host scoring) then `training.update`
+sampler of `sampling.make_sampler`, host scoring) then `training.update`
 (`steps.make_rl_step`'s jitted update), with one rollout chunk (no overlap,
 so the two are timed apart).
 
@@ -127,7 +127,8 @@ def main(argv=None):
   from dmpo_jax.objectives import presets
   from dmpo_jax.sampling import sampler as sampler_lib
   from dmpo_jax.tasks import rewards as rewards_lib
-  from dmpo_jax.training import TrainState, collect_rollouts, make_sampler, update
+  from dmpo_jax.sampling import make_sampler
+  from dmpo_jax.training import TrainState, collect_rollouts, update
   from dmpo_jax.training.update import auto_micro_batches, make_optimizer
   from sampler import DEFAULT_CONFIG, matmul_rate
 

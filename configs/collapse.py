@@ -8,7 +8,8 @@ solutions, an SFT start that is competent and diverse, then RL at group size 8 o
 
 Arguments after the colon (comma-separated): `algo=<preset>`, `level=<level>`,
 `seed=<int>`, `tasks=<key+key+...>`, `group=<8|16>`, `regime=<splits|stream>`,
-`pool=<N>`, `sft_steps=<N>`, and `smoke`. Everything else is configs/nphard.py's default run.
+`pool=<N>`, `sft_steps=<N>`, `pass256` (evaluate with 256 samples per instance, pass@k for
+k = 1, 2, 4, ..., 256), and `smoke`. Everything else is configs/nphard.py's default run.
 
 Three regimes (docs/COLLAPSE.md):
 - `regime=splits` (default): per task three disjoint sets of distinct instances
@@ -36,12 +37,13 @@ from ml_collections import config_dict  # noqa: E402
 # Tasks whose `tiny` instances have >= 2 optima most often (docs/COLLAPSE.md, 50 instances each):
 # GCP-D 72%, maximum-set 56%, maximum_clique_problem 54%, subset-sum 36%.
 DEFAULT_TASKS = "GCP-D+maximum-set+maximum_clique_problem+subset-sum"
-KNOWN = {"algo", "level", "seed", "tasks", "group", "smoke", "pool", "regime", "sft_steps"}
+KNOWN = {"algo", "level", "seed", "tasks", "group", "smoke", "pool", "regime", "sft_steps", "pass256"}
 REGIMES = ("splits", "stream")
 # SFT steps of the splits regime: a start with headroom (docs/COLLAPSE.md, pre-registration),
 # measured on seed 0: optimal pass@1 at T = 1.0 on A 0.66 (target 0.5..0.75), optimal pass@64
 # on B 0.73 (target 0.3..0.95); 300 steps gave 0.46 on A.
 SPLITS_SFT_STEPS = 400
+PASS256_KS = tuple(2 ** i for i in range(9))  # 1, 2, 4, ..., 256
 
 
 def _parse(arg: str | None) -> dict:
@@ -134,6 +136,10 @@ def get_config(arg: str | None = None):
       c.sft.steps = 600
   if "sft_steps" in opts:
     c.sft.steps = int(opts["sft_steps"])
+  if opts.get("pass256"):
+    # pass@k to k = 256 (feasible and optimal): 256 samples per instance, 4 instances per sampler
+    # call, so a call holds 1,024 rows, fewer than the default 24 x 64: memory stays flat.
+    c.eval.update(samples=256, pass_ks=PASS256_KS, batch_prompts=4)
   if opts.get("smoke"):
     c.collapse.update(limit=16, time_limit=2.0)
     if c.collapse.get("splits"):

@@ -491,7 +491,8 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
           rl_sampler, state.params, items, run.encoder, key=state.rl_key(),
           group_size=cfg.rl.group_size, chunks=cfg.rl.rollout_chunks, reward_cfg=run.reward_cfg,
           objective=obj, prompt_len=run.prompt_len, completion_len=run.completion_len,
-          data_sh=run.data_sh, ref_fn=ref_fn, collapse=run.taskset.collapse,
+          data_sh=run.data_sh, ref_fn=ref_fn, collapse=run.taskset.collapse, rl_step=rl_step,
+          shaping_state=shaping_state(state, obj),
           **({} if run.vl_cfg is None else {"images": lambda pt, pm: run.images(items, pt, pm)}))
       batch = rollouts.batch(run.data_sh)
       batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch, dph_images),
@@ -524,6 +525,14 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
       if run.maybe_stop(state, "rl", stop):
         return state, True
   return state, False
+
+
+def shaping_state(state: TrainState, obj: presets.ObjectiveConfig) -> dict | None:
+  """A host reward-shaping term's state (outcome_ucb's counts): kept in the train state's
+  counters, so every checkpoint saves it and a resume restores it exactly; None without one."""
+  if not presets.needs_host_state(obj):
+    return None
+  return state.counters.setdefault("shaping", {})
 
 
 def dph_image_fn(run: Run, store):

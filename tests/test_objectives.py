@@ -319,7 +319,7 @@ def test_kl_in_reward_subtracts_the_sampled_log_ratio():
 
 def test_unknown_names_list_the_choices():
   with pytest.raises(ValueError, match=r"unknown advantage estimator objective.advantage='ppo'; "
-                                       r"choose one of \['dr_grpo', 'grpo', 'rloo'\]"):
+                                       r"choose one of \['dr_grpo', 'grpo', 'passk', 'pkpo', 'psr_nsr', 'rloo'\]"):
     presets.objective_config("grpo", advantage="ppo")
   with pytest.raises(ValueError, match=r"unknown policy loss objective.policy_loss='ppo'.*'none'"):
     presets.objective_config("grpo", policy_loss="ppo")
@@ -404,7 +404,10 @@ def test_presets_and_builder():
   batch = {"seqs": seqs, "mask": jnp.ones((2, 4, 1)), "old_logprobs": logp,
            "ref_logprobs": logp - 0.1, "rewards": jnp.array([[1.0, 0, 0.5, 0.5], [0, 0, 1, 1]]),
            "dph_seqs": jnp.array([[0], [2]]).reshape(2), "dph_ref_logprobs": logp[0, :2],
-           "dph_mask": jnp.ones((2, 1))}
+           "dph_mask": jnp.ones((2, 1)),
+           # what the baselines' terms declare (presets.batch_needs)
+           "answer": seqs.astype(jnp.int32), "rl_step": jnp.zeros((2,), jnp.int32),
+           "key": jax.random.key_data(jax.random.split(jax.random.key(0), 2))}
   grpo_loss, m = presets.build_loss(presets.objective_config("grpo"), lp_fn)(theta, batch)
   dmpo_loss, m2 = presets.build_loss(presets.objective_config("dmpo"), lp_fn)(theta, batch)
   np.testing.assert_allclose(dmpo_loss, grpo_loss + 0.5 * m2["dm_loss"], rtol=1e-6)

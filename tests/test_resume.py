@@ -59,3 +59,10 @@ def test_resume_mid_rl_is_bit_identical(algo, tmp_path):
   ra, rb = metric_rows(a), metric_rows(b)
   assert [r["stage"] for r in ra] == ["sft", "rl", "rl", "rl"]
   assert ra == rb
+  # A host reward-shaping term's state (outcome_ucb's answer counts) is restored exactly too.
+  metas = [ckpt_lib.Checkpointer(str(w / "checkpoints"), keep=1) for w in (a, b)]
+  shaping = [m.read_meta(4)["counters"].get("shaping") for m in metas]
+  for m in metas:
+    m.close()
+  assert shaping[0] == shaping[1]
+  assert (shaping[0] is not None) == presets.needs_host_state(presets.objective_config(algo))

@@ -23,14 +23,23 @@ def train(cfg: presets.ObjectiveConfig, rewards, init_logits, *, steps: int = 30
 
   rewards [N]: reward of each solution. init_logits [N]: the initial (and
   reference) policy. dph_correct [N] bool: which solutions count as correct
-  for the DPH-RL stored reference samples (default: reward == max).
+  for the DPH-RL stored reference samples and for objective.reward="correct"
+  (default: reward == max, the optima). The batch carries what the objective
+  declares (`presets.batch_needs`): the solution id as the final answer, one
+  PRNG key per group, the step. Objectives with a host reward-shaping term
+  (outcome_ucb's counts) cannot run inside one jitted function and are refused.
   """
+  if presets.needs_host_state(cfg):
+    raise ValueError(f"objective.shaping={cfg.shaping!r} keeps host state across steps (counts "
+                     "per prompt); the jitted miniature runs on-device terms only")
+  needs = presets.batch_needs(cfg)
   rewards = jnp.asarray(rewards, jnp.float32)
   init_logits = jnp.asarray(init_logits, jnp.float32)
   ref_logp = jax.nn.log_softmax(init_logits)
   if dph_correct is None:
     dph_correct = rewards == rewards.max()
   dph_correct = jnp.asarray(dph_correct)
+  train_rewards = dph_correct.astype(jnp.float32) if cfg.reward == "correct" else rewards
 
   def logprob_fn(theta, seqs):  # seqs: solution ids [..., G] -> one-token sequences
     return {"logprobs": jax.nn.log_softmax(theta)[seqs][..., None]}
@@ -44,24 +53,29 @@ def train(cfg: presets.ObjectiveConfig, rewards, init_logits, *, steps: int = 30
     ref_masked = jnp.where(dph_correct, ref_logp, -jnp.inf)
     dph = jax.random.categorical(k_ref, ref_masked, shape=(dph_samples,))
 
-    def step(carry, key):
+    def step(carry, xs):
+      key, t = xs
       theta, opt_state = carry
       logp = jax.nn.log_softmax(theta)
       seqs = jax.random.categorical(key, logp, shape=(groups, group_size))
       batch = {
           "seqs": seqs, "mask": jnp.ones(seqs.shape + (1,)),
           "old_logprobs": jax.lax.stop_gradient(logp[seqs][..., None]),
-          "ref_logprobs": ref_logp[seqs][..., None], "rewards": rewards[seqs],
+          "ref_logprobs": ref_logp[seqs][..., None], "rewards": train_rewards[seqs],
           "dph_seqs": dph, "dph_ref_logprobs": ref_logp[dph][..., None],
           "dph_mask": jnp.ones((dph_samples, 1)),
       }
+      extras = {"answer": seqs.astype(jnp.int32),
+                "key": jax.random.key_data(jax.random.split(jax.random.fold_in(key, 1), groups)),
+                "rl_step": jnp.full((groups,), t, jnp.int32)}
+      batch.update({k: extras[k] for k in needs})
       grads = jax.grad(lambda t: loss_fn(t, batch)[0])(theta)
       updates, opt_state = opt.update(grads, opt_state, theta)
       theta = optax.apply_updates(theta, updates)
       return (theta, opt_state), jax.nn.softmax(theta)
 
     (theta, _), history = jax.lax.scan(step, (init_logits, opt.init(init_logits)),
-                                       jax.random.split(key, steps))
+                                       (jax.random.split(key, steps), jnp.arange(steps)))
     return jax.nn.softmax(theta), history
 
   return jax.jit(run)

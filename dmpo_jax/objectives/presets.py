@@ -9,6 +9,8 @@ field can be overridden. `build_loss(cfg, logprob_fn)` returns
   batch["old_logprobs"]  [..., G, T] from the sampler (pi_old)
   batch["rewards"]       [..., G] raw rewards
   batch["ref_logprobs"]  [..., G, T] reference policy (kl_coef > 0, flowrl)
+  batch["answer"], batch["key"], batch["rl_step"], ...
+                         what the objective's terms declare (`batch_needs`)
   batch["dph_seqs"], batch["dph_ref_logprobs"], batch["dph_mask"]
                          stored reference samples (dph_* presets)
 
@@ -25,6 +27,9 @@ import jax
 import jax.numpy as jnp
 
 from dmpo_jax.objectives import common, divergences, dmpo, kl, shaping, terms
+
+CORRECT = ("optimal", "feasible")  # objective.correct: which verdicts count as correct
+REWARDS = ("shaped", "correct")    # objective.reward: the shaped score, or the 0/1 correct flag
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +54,48 @@ class ObjectiveConfig:
   flowrl_beta: float = 15.0
   dynamic_sampling: bool = False  # DAPO: keep groups with 0 < #correct < G
   overlong_cache: int = 0  # DAPO soft overlong band (tokens); 0 = off
+  # The baselines against diversity collapse (docs/METHODS.md): what "correct" means for the
+  # binary ones, the reward-shaping term, and each method's strength knob.
+  reward: str = "shaped"  # REWARDS: "correct" replaces r by the verifier's 0/1 flag
+  correct: str = "optimal"  # CORRECT: optimal (where the optimum is proven) | feasible
+  shaping: str = "none"  # shaping.SHAPING: none | unlikely | outcome_batch | outcome_ucb
+  passk_k: int = 4  # Pass@k Training's k
+  pkpo_k: int = 4  # PKPO's k
+  pkpo_anneal_step: int = 0  # PKPO: k = 1 from this RL step on (0: never)
+  unlikely_penalty: float = 0.25  # unlikeliness reward's rank penalty
+  psr_weight: float = 0.1  # W-REINFORCE's lambda on correct samples (0: NSR)
+  kl_cov_frac: float = 0.02  # KL-Cov: share of valid tokens penalised
+  kl_cov_coef: float = 1.0
+  clip_cov_frac: float = 0.02  # Clip-Cov: share of valid tokens detached
+  clip_cov_lb: float = 1.0
+  clip_cov_ub: float = 5.0
+  explore_coef: float = 0.0  # outcome-based exploration's coefficient c
 
   def __post_init__(self):
     terms.ADVANTAGES.get(self.advantage)  # unknown names list the choices
     terms.POLICY_LOSSES.get(self.policy_loss)
+    shaping.SHAPING.get(self.shaping)
     kl.get(self.kl_estimator)
+    if self.reward not in REWARDS:
+      raise ValueError(f"objective.reward={self.reward!r} is not one of {REWARDS}")
+    if self.correct not in CORRECT:
+      raise ValueError(f"objective.correct={self.correct!r} is not one of {CORRECT}")
+    if self.advantage in terms.BINARY and self.reward != "correct":
+      raise ValueError(f"objective.advantage={self.advantage!r} is defined on 0/1 rewards: set "
+                       "objective.reward='correct' (the verifier's flag, not a threshold)")
+    for field in ("passk_k", "pkpo_k"):
+      if not (isinstance(getattr(self, field), int) and getattr(self, field) >= 1):
+        raise ValueError(f"objective.{field} must be an integer >= 1, got {getattr(self, field)!r}")
+    for field in ("pkpo_anneal_step", "psr_weight", "kl_cov_coef", "explore_coef"):
+      if getattr(self, field) < 0:
+        raise ValueError(f"objective.{field} must be >= 0, got {getattr(self, field)}")
+    if not 0.0 <= self.unlikely_penalty < 1.0:
+      raise ValueError(f"objective.unlikely_penalty={self.unlikely_penalty} must be in [0, 1)")
+    for field in ("kl_cov_frac", "clip_cov_frac"):
+      if not 0.0 < getattr(self, field) <= 1.0:
+        raise ValueError(f"objective.{field}={getattr(self, field)} must be in (0, 1]")
+    if not self.clip_cov_lb < self.clip_cov_ub:
+      raise ValueError(f"objective.clip_cov_lb={self.clip_cov_lb} must be < clip_cov_ub={self.clip_cov_ub}")
     if self.agg not in common.AGGREGATIONS:
       raise ValueError(f"objective.agg={self.agg!r} is not one of {common.AGGREGATIONS}")
     for field in ("kl_coef", "dm_coef", "div_coef"):
@@ -91,6 +133,27 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dph_alpha": {"divergence": "alpha", "div_alpha": 0.2, "div_coef": 0.05},
     # Reverse-KL baseline of DPH-RL: k3 to an online reference, coefficient 0.01.
     "rkl": {"kl_coef": 0.01, "kl_estimator": "k3"},
+    # The published answers to diversity collapse (docs/METHODS.md, baselines). The binary
+    # ones train on the verifier's correct flag (objective.correct, default optimal).
+    # Chen et al. 2025 (arXiv 2508.10751): Pass@k Training's analytic advantage, k = 4.
+    "passk": {"advantage": "passk", "reward": "correct", "passk_k": 4},
+    # Walder and Karkhanis 2025 (arXiv 2505.15201): PKPO's s^(loo-1) weights, k = 4.
+    "pkpo": {"advantage": "pkpo", "reward": "correct", "pkpo_k": 4},
+    # He et al. 2025 (arXiv 2506.02355): GRPO on rank-penalised rewards, penalty 0.25 and the
+    # G - 1 std as the authors' code.
+    "unlikely": {"reward": "correct", "shaping": "unlikely", "unlikely_penalty": 0.25,
+                 "unbiased_std": True},
+    # Zhu et al. 2025 (arXiv 2506.01347): +lambda / -1 without baseline, lambda = 0.1; NSR: 0.
+    "w_reinforce": {"advantage": "psr_nsr", "reward": "correct", "psr_weight": 0.1},
+    "nsr": {"advantage": "psr_nsr", "reward": "correct", "psr_weight": 0.0},
+    # Cui et al. 2025 (arXiv 2505.22617) on GRPO advantages; the shares are 10x and 100x the
+    # papers' (0.002, 0.0002), which here would select one token per step.
+    "kl_cov": {"policy_loss": "kl_cov", "agg": "token_mean", "kl_cov_frac": 0.02},
+    "clip_cov": {"policy_loss": "clip_cov", "agg": "token_mean", "clip_cov_frac": 0.02},
+    # Song, Kempe and Munos 2025 (arXiv 2509.06941): penalise an answer's repeats in the group /
+    # pay a UCB bonus c / sqrt(N(x, a)) for rarely seen answers, on the correct flag.
+    "outcome_batch": {"reward": "correct", "shaping": "outcome_batch", "explore_coef": 0.5},
+    "outcome_ucb": {"reward": "correct", "shaping": "outcome_ucb", "explore_coef": 0.5},
 }
 
 
@@ -134,14 +197,44 @@ def needs_dph_store(cfg: ObjectiveConfig) -> bool:
   return cfg.divergence is not None
 
 
+def batch_needs(cfg: ObjectiveConfig) -> tuple[str, ...]:
+  """Batch keys beyond the RL samples that the objective's terms declare (sorted): "answer"
+  (final-answer ids [P, G]), "key" (PRNG key data [P, 2]), "rl_step" ([P], the RL step), ...
+  The trainer supplies exactly these, so other objectives see the batch they always did."""
+  needs = set(getattr(terms.ADVANTAGES.get(cfg.advantage), "needs", ()))
+  needs |= set(terms.POLICY_LOSSES.get(cfg.policy_loss).needs)
+  needs |= set(shaping.SHAPING.get(cfg.shaping).needs)
+  return tuple(sorted(needs - {"old_logprobs", "mask", "rewards", "seqs"}))
+
+
+def needs_correct(cfg: ObjectiveConfig) -> bool:
+  """Whether the rollouts must flag correct samples (objective.reward="correct")."""
+  return cfg.reward == "correct"
+
+
+def needs_host_state(cfg: ObjectiveConfig) -> bool:
+  """Whether a host reward-shaping term keeps state over training (saved in checkpoints)."""
+  return shaping.SHAPING.get(cfg.shaping).host
+
+
+def check_group_size(cfg: ObjectiveConfig, group_size: int) -> None:
+  """Refuse a group smaller than a k the objective needs (Pass@k Training, PKPO)."""
+  for field, adv in (("passk_k", "passk"), ("pkpo_k", "pkpo")):
+    if cfg.advantage == adv and getattr(cfg, field) > group_size:
+      raise ValueError(f"objective.{field}={getattr(cfg, field)} exceeds the group size "
+                       f"config.rl.group_size={group_size}: {adv} needs k <= G")
+
+
 def needs_group(cfg: ObjectiveConfig) -> bool:
   """Whether the objective is undefined on a group of one sample (G < 2)."""
   return cfg.advantage in terms.NEEDS_GROUP or cfg.dm_coef > 0
 
 
-def advantages(cfg: ObjectiveConfig, rewards):
-  """Advantages [..., G] of rewards [..., G] by the registered estimator cfg.advantage."""
-  return terms.ADVANTAGES.get(cfg.advantage)(cfg, rewards)
+def advantages(cfg: ObjectiveConfig, rewards, batch=None):
+  """Advantages [..., G] of rewards [..., G] by the registered estimator cfg.advantage (one
+  that declares `needs` reads them from `batch`)."""
+  fn = terms.ADVANTAGES.get(cfg.advantage)
+  return fn(cfg, rewards, batch) if getattr(fn, "needs", ()) else fn(cfg, rewards)
 
 
 def kl_penalised_rewards(cfg: ObjectiveConfig, rewards, old_logprobs, ref_logprobs, mask):
@@ -170,8 +263,10 @@ def build_loss(cfg: ObjectiveConfig, logprob_fn: Callable, *, reg_loss: bool = F
       raise ValueError(f"batch['ref_logprobs'] is required for kl_coef={cfg.kl_coef}, "
                        f"policy_loss={cfg.policy_loss!r}")
     rewards = batch["rewards"].astype(jnp.float32)
+    if cfg.shaping != "none":
+      rewards = shaping.device_shaping(cfg, rewards, batch)
     rewards = kl_penalised_rewards(cfg, rewards, old, ref, mask) if ref is not None else rewards
-    adv = jax.lax.stop_gradient(advantages(cfg, rewards))
+    adv = jax.lax.stop_gradient(advantages(cfg, rewards, batch))
     scores = common.sequence_scores(logp, mask)  # phi, reused by DMPO and GSPO-like terms
     metrics = {}
     reg = jnp.zeros((), jnp.float32)
@@ -180,7 +275,7 @@ def build_loss(cfg: ObjectiveConfig, logprob_fn: Callable, *, reg_loss: bool = F
       raise ValueError(f"policy_loss={cfg.policy_loss!r} needs logprob_fn to return 'log_z'")
     loss, aux = policy.fn(cfg, terms.PolicyInputs(
         logprobs=logp, old_logprobs=old, mask=mask, advantages=adv, rewards=rewards,
-        scores=scores, ref_logprobs=ref, log_z=out.get("log_z")))
+        scores=scores, ref_logprobs=ref, log_z=out.get("log_z"), batch=batch))
     metrics.update({f"pg_{k}" if k != "clip_frac" else k: v for k, v in aux.items()})
     metrics["pg_loss"] = loss
 

@@ -4,6 +4,9 @@ In the order a step applies them:
 
 1. Format bonus and cap (`dmpo_jax.tasks.rewards.score`, config.rl.reward):
    r = format_bonus * [well-formed answer] + min(ratio, cap) * [feasible].
+   With objective.reward="correct" (the binary methods), r is replaced by the
+   verifier's correct flag instead: [optimal] or [feasible], objective.correct
+   (host side, `shape_rewards`).
 2. DAPO's soft overlong penalty (objective.overlong_cache > 0, host side):
    `overlong_penalty` added to r.
 3. DAPO's dynamic sampling (objective.dynamic_sampling, host side):
@@ -13,17 +16,68 @@ In the order a step applies them:
    step trains on fewer groups rather than waiting for more.
 4. KL in the reward (objective.kl_in_reward with kl_coef > 0, inside the
    loss): `kl_in_reward` subtracts kl_coef * sum_t k1 per sample.
+5. The registered reward-shaping term objective.shaping (`SHAPING`): a
+   device term runs inside the loss on the batch (`device_shaping`), before
+   the KL of 4; a host term runs in `shape_rewards` with state that persists
+   over training (saved in checkpoints with the train state's counters).
 
-`shape_rewards` applies 2 and 3 to a step's scored rollouts.
+`shape_rewards` applies 1 (correct), 2, 3 and a host term of 5 to a step's
+scored rollouts.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dmpo_jax.objectives import kl
+from dmpo_jax.objectives import exploration, kl
+from dmpo_jax.objectives.registry import Registry
+
+
+@dataclasses.dataclass(frozen=True)
+class Shaping:
+  """A reward-shaping term. Device: fn(cfg, rewards [..., G], batch) -> rewards, jitted in the
+  loss, reading the batch keys in `needs`. Host (host=True): fn(cfg, rewards [P, G], info,
+  state) -> rewards with info the step's host arrays ("prompt" [P] ids, "answer" [P, G]) and
+  state a JSON-able dict the term owns (kept across steps and checkpoints)."""
+  fn: Callable
+  host: bool = False
+  needs: tuple = ()
+
+
+SHAPING = Registry("reward shaping", "objective.shaping", make=Shaping)
+
+
+@SHAPING.register("none")
+def _no_shaping(cfg, rewards, batch):
+  return rewards
+
+
+@SHAPING.register("unlikely", needs=("old_logprobs",))
+def _unlikely(cfg, rewards, batch):
+  return exploration.unlikeliness_rewards(rewards, batch["old_logprobs"], batch["mask"],
+                                          cfg.unlikely_penalty)
+
+
+@SHAPING.register("outcome_batch", needs=("answer",))
+def _outcome_batch(cfg, rewards, batch):
+  return exploration.batch_exploration_rewards(rewards, batch["answer"], cfg.explore_coef)
+
+
+@SHAPING.register("outcome_ucb", host=True)
+def _outcome_ucb(cfg, rewards, info, state):
+  counts = exploration.UcbCounts(state.setdefault("outcome_ucb", {}))
+  return rewards + counts.bonus(info["prompt"], info["answer"], cfg.explore_coef)
+
+
+def device_shaping(cfg, rewards, batch):
+  """objective.shaping on device (inside the loss); a host term was applied in rollout."""
+  term = SHAPING.get(cfg.shaping)
+  return rewards if term.host else term.fn(cfg, rewards, batch)
 
 
 def overlong_penalty(lengths, max_len: int, cache_len: int):
@@ -57,11 +111,21 @@ def kl_in_reward(rewards, old_logprobs, ref_logprobs, mask, coef: float):
 
 
 def shape_rewards(cfg, rewards: np.ndarray, lengths: np.ndarray, feasible: np.ndarray,
-                  max_len: int) -> tuple[np.ndarray, np.ndarray | None]:
-  """Steps 2 and 3 for one RL step: rewards, lengths, feasible [P, G] ->
-  (shaped rewards [P, G], groups to keep [P] bool, or None without dynamic sampling).
-  cfg is the ObjectiveConfig."""
+                  max_len: int, *, correct: np.ndarray | None = None, info: dict | None = None,
+                  state: dict | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+  """Steps 1 (correct), 2, 3 and a host term of 5 for one RL step: rewards, lengths, feasible,
+  correct [P, G] -> (shaped rewards [P, G], groups to keep [P] bool, or None without dynamic
+  sampling). cfg is the ObjectiveConfig; info and state as `Shaping` (host terms only)."""
+  if cfg.reward == "correct":
+    if correct is None:
+      raise ValueError("objective.reward='correct' needs the verifier's correct flags")
+    rewards = np.asarray(correct, np.float32)
   if cfg.overlong_cache:
     rewards = rewards + np.asarray(overlong_penalty(lengths, max_len, cfg.overlong_cache))
+  term = SHAPING.get(cfg.shaping)
+  if term.host:
+    if info is None or state is None:
+      raise ValueError(f"objective.shaping={cfg.shaping!r} needs the step's answers and its state")
+    rewards = np.asarray(term.fn(cfg, rewards, info, state), np.float32)
   keep = dynamic_sampling_keep(feasible) if cfg.dynamic_sampling else None
   return rewards, keep

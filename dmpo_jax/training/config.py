@@ -232,6 +232,10 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
                       "least 2 (a std or leave-one-out over one sample is undefined)")
   if g < 2 and obj.dm_coef > 0:
     raise ConfigError(f"config.rl.group_size={g}: DMPO's group distribution needs G >= 2")
+  try:
+    presets.check_group_size(obj, g)  # pass@k advantages need G >= k
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
   rows = sharding.batch_rows(mesh)
   for name, n in (("rl.prompts_per_step", cfg.rl.prompts_per_step), ("sft.batch_size", cfg.sft.batch_size),
                   ("eval.batch_prompts", cfg.eval.batch_prompts), ("dph.batch", cfg.dph.batch)):

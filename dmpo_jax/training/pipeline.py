@@ -297,17 +297,46 @@ def pad_right(rows: list[list[int]], length: int, pad: int) -> tuple[np.ndarray,
   return tokens, mask
 
 
+def prompt_id(key: str, q: dict) -> str:
+  """A stable id of an instance (task key and content): the same instance, the same id."""
+  return hashlib.sha256(f"{key}/{q!r}".encode()).hexdigest()[:16]  # instances are rebuilt alike
+
+
+def answer_id(solution) -> int:
+  """A stable non-negative int32 id of a verdict's canonical solution; -1 for none."""
+  if solution is None:
+    return -1
+  return int.from_bytes(hashlib.sha256(repr(solution).encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def proven_optimum(key: str, q: dict, time_limit: float = 10.0):
+  """The instance's proven optimum (None when not proven in time), memoised on the problem."""
+  task = tasks_lib.get(key)
+  problem = task.problem(q)
+  memo = getattr(problem, "_proven_optimum", None)
+  if memo is None or memo[0] != time_limit:
+    memo = (time_limit, task.optimal_value(q, time_limit=time_limit))
+    problem._proven_optimum = memo
+  return memo[1]
+
+
 def score_groups(items, texts: list[str], group: int, reward_cfg: rewards_lib.RewardConfig,
-                 ground_truths: list[float] | None = None, collapse: Collapse | None = None):
+                 ground_truths: list[float] | None = None, collapse: Collapse | None = None,
+                 correct: str | None = None, answers: bool = False):
   """Rewards [P, G] and per-group stats for P instances with G texts each (row-major).
 
   With `collapse`, also the collapse metrics of each group against the instance's
-  enumerated optima (`collapse_stats`)."""
+  enumerated optima (`collapse_stats`). correct ("optimal" | "feasible"): also
+  stats["correct"] [P, G], the verifier's flag (optimal: the value equals the proven
+  optimum; where none is proven, feasible). answers: also stats["answer"] [P, G], the
+  `answer_id` of each verdict's canonical solution."""
   p = len(items)
   rewards = np.zeros((p, group), np.float32)
   ratios = np.zeros((p, group), np.float32)
   feasible = np.zeros((p, group), bool)
-  distinct, entropy, groups = [], [], []
+  if correct not in (None, "optimal", "feasible"):
+    raise ValueError(f"objective.correct={correct!r}; choose 'optimal' or 'feasible'")
+  distinct, entropy, groups, answer_ids, flags = [], [], [], [], []
   for i, (key, q) in enumerate(items):
     task = tasks_lib.get(key)
     gt = ground_truths[i] if ground_truths is not None else rewards_lib.ground_truth(task, q, reward_cfg)
@@ -321,8 +350,20 @@ def score_groups(items, texts: list[str], group: int, reward_cfg: rewards_lib.Re
     entropy.append(scoring.solution_entropy(sols))
     if collapse is not None:
       groups.append(collapse_stats(collapse, key, q, group_texts, verdicts, reward_cfg.compat))
+    if answers:
+      answer_ids.append([answer_id(v.solution) for v in verdicts])
+    if correct == "optimal":
+      opt = proven_optimum(key, q, reward_cfg.exact_time_limit)
+      flags.append(feasible[i] if opt is None else
+                   diversity.optimal_mask([v.value if v.feasible else None for v in verdicts], opt))
+    elif correct is not None:
+      flags.append(feasible[i])
   stats = {"ratio": ratios, "feasible": feasible, "distinct": np.asarray(distinct, np.float32),
            "solution_entropy": np.asarray(entropy, np.float32)}
+  if answers:
+    stats["answer"] = np.asarray(answer_ids, np.int32).reshape(p, group)
+  if correct is not None:
+    stats["correct"] = np.asarray(flags, bool).reshape(p, group)
   if collapse is not None:
     stats.update({k: np.asarray([g[k] for g in groups], bool if k == "optimal" else np.float32)
                   for k in COLLAPSE_STATS + ("optimal",)})

@@ -19,9 +19,11 @@ import numpy as np
 
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training import pipeline, steps
-from dmpo_jax.objectives import shaping
-from dmpo_jax.sampling import sampler as sampler_lib
+from dmpo_jax.objectives import presets, shaping
 from dmpo_jax import sampling
+
+
+LOSS_KEY_STREAM = 10**6  # the loss's PRNG keys of a step: fold_in(the step's sampling key, this)
 
 
 @dataclasses.dataclass
@@ -39,6 +41,9 @@ class Rollouts:
   sample_s: float                 # wall time of sampling not overlapped by host scoring
   score_s: float                  # host decoding, verifying and shaping
   images: dict | None = None      # host: image prompts (`qwen2_5_vl.prompt_images`, [P, ...])
+  extras: dict = dataclasses.field(default_factory=dict)
+  # host: the batch keys the objective declares (`presets.batch_needs`): "answer" [P, G] int32,
+  # "key" [P, 2] uint32 PRNG key data, "rl_step" [P] int32
 
   def batch(self, data_sh) -> dict:
     """The update's input (see `objectives.presets`), on the mesh."""
@@ -48,6 +53,7 @@ class Rollouts:
            "old_logprobs": self.old_logprobs, "rewards": dist.to_global(self.rewards, data_sh)}
     if self.ref_logprobs is not None:
       out["ref_logprobs"] = self.ref_logprobs
+    out.update({k: dist.to_global(v, data_sh) for k, v in self.extras.items()})
     return out
 
   def metrics(self) -> dict:
@@ -58,6 +64,8 @@ class Rollouts:
            "distinct": float(self.stats["distinct"].mean()),
            "solution_entropy": float(self.stats["solution_entropy"].mean()),
            "length": float(self.lengths.mean())}
+    if "correct" in self.stats:  # objective.reward="correct": the share of correct samples
+      out["correct"] = float(self.stats["correct"].mean())
     for k in pipeline.COLLAPSE_STATS:  # with collapse: means over groups of supported tasks
       if k in self.stats:
         v = self.stats[k][~np.isnan(self.stats[k])]
@@ -69,8 +77,14 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
                      group_size: int, chunks: int, reward_cfg, objective, prompt_len: int,
                      completion_len: int, data_sh, ref_fn: Callable | None = None,
                      collapse: pipeline.Collapse | None = None,
-                     images: Callable | None = None) -> Rollouts:
+                     images: Callable | None = None, rl_step: int = 0,
+                     shaping_state: dict | None = None) -> Rollouts:
   """Sample, score and shape G = group_size completions of each of `items`.
+
+  What the objective's terms declare comes with the rollouts: the verifier's correct flag
+  (objective.reward="correct"), final-answer ids, a PRNG key per prompt (from `key`'s
+  LOSS_KEY_STREAM), the RL step `rl_step`; shaping_state: the state of a host reward-shaping
+  term (`presets.needs_host_state`), updated in place.
 
   images: for image prompts, images(prompt_tokens [P, prompt_len], prompt_mask) -> the
   prompts' `qwen2_5_vl.prompt_images` arrays (host, one fixed patch budget); they go to the
@@ -85,9 +99,13 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
   prompt_tokens, prompt_mask = sampling.pad_prompts([encoder.encode(k, q) for k, q in items],
                                                  prompt_len, encoder.pad)  # [P, prompt_len]
   vis = None if images is None else images(prompt_tokens, prompt_mask)
+  needs = presets.batch_needs(objective)
+  host_term = presets.needs_host_state(objective)
+  scoring = {"correct": objective.correct if presets.needs_correct(objective) else None,
+             "answers": "answer" in needs or host_term}
   tokens, mask, old_lp, ref_lp, rewards, stats, host_s = _sample_and_score(
       sampler, params, items, encoder, prompt_tokens, prompt_mask, key, G, chunks, reward_cfg,
-      ref_fn, collapse, vis)
+      ref_fn, collapse, vis, scoring)
   pt, pm = np.repeat(prompt_tokens, G, 0), np.repeat(prompt_mask, G, 0)  # each sample's prompt
   seqs = {"tokens": jnp.concatenate([dist.to_global(pt, data_sh), tokens], 1).reshape(
               P, G, prompt_len + completion_len),
@@ -95,8 +113,19 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
   t1 = time.time()
   lengths = mask.sum(-1).reshape(P, G)
   completion_mask = mask.reshape(P, G, completion_len)
+  info = ({"prompt": [pipeline.prompt_id(k, q) for k, q in items], "answer": stats["answer"]}
+          if host_term else None)
   rewards, keep = shaping.shape_rewards(objective, rewards, lengths, stats["feasible"],
-                                        completion_len)
+                                        completion_len, correct=stats.get("correct"),
+                                        info=info, state=shaping_state)
+  extras = {}
+  if "answer" in needs:
+    extras["answer"] = stats["answer"]
+  if "key" in needs:
+    keys = jax.random.split(jax.random.fold_in(key, LOSS_KEY_STREAM), P)
+    extras["key"] = np.asarray(jax.random.key_data(keys))
+  if "rl_step" in needs:
+    extras["rl_step"] = np.full((P,), rl_step, np.int32)
   if keep is not None:  # fixed shapes: dropped groups are masked, not resampled
     completion_mask = completion_mask * keep[:, None, None]
   t2 = time.time()
@@ -104,11 +133,11 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
   return Rollouts(items=items, seqs=seqs, completion_mask=completion_mask,
                   old_logprobs=as_groups(old_lp), ref_logprobs=as_groups(ref_lp), rewards=rewards,
                   lengths=lengths, stats=stats, sample_s=t1 - t0 - host_s, score_s=t2 - t1 + host_s,
-                  images=vis)
+                  images=vis, extras=extras)
 
 
 def _sample_and_score(sampler, params, items, encoder, prompt_tokens, prompt_mask, key, G,
-                      chunks, reward_cfg, ref_fn, collapse=None, images=None):
+                      chunks, reward_cfg, ref_fn, collapse=None, images=None, scoring=None):
   """The overlapped loop: device tokens [P*G, T], host mask, device old log-probs, device
   reference log-probs (or None), rewards [P, G], stats, host seconds."""
   per = len(items) // chunks
@@ -134,7 +163,8 @@ def _sample_and_score(sampler, params, items, encoder, prompt_tokens, prompt_mas
     tok_h, mask_h = dist.to_host(tokens), dist.to_host(mask)
     h0 = time.time()
     texts = encoder.texts(tok_h, mask_h)
-    r, st = pipeline.score_groups(piece(items, c), texts, G, reward_cfg, collapse=collapse)
+    r, st = pipeline.score_groups(piece(items, c), texts, G, reward_cfg, collapse=collapse,
+                                  **(scoring or {}))
     host_s += time.time() - h0
     outs.append((tokens, mask_h, logp, ref, r, st))
   cat = lambda i: jnp.concatenate([o[i] for o in outs])
