@@ -27,12 +27,11 @@ per RL step and in evaluation), `rl.log_term_grads` (gradient norms of the
 policy-gradient term and of the regulariser, per RL step).
 """
 
-import os
-import sys
+from ml_collections import config_dict
 
-sys.path.insert(0, os.path.dirname(__file__))
-import nphard  # noqa: E402
-from ml_collections import config_dict  # noqa: E402
+from dmpo_jax.training import config as config_lib
+
+nphard = config_lib.sibling(__file__, "nphard")
 
 # Tasks whose `tiny` instances have >= 2 optima most often (docs/COLLAPSE.md, 50 instances each):
 # GCP-D 72%, maximum-set 56%, maximum_clique_problem 54%, subset-sum 36%.
@@ -46,19 +45,8 @@ SPLITS_SFT_STEPS = 400
 PASS256_KS = tuple(2 ** i for i in range(9))  # 1, 2, 4, ..., 256
 
 
-def _parse(arg: str | None) -> dict:
-  out = {}
-  for part in filter(None, (arg or "").split(",")):
-    k, eq, v = part.partition("=")
-    out[k.strip()] = v.strip() if eq else True
-  unknown = set(out) - KNOWN
-  if unknown:
-    raise ValueError(f"configs/collapse.py: unknown argument(s) {sorted(unknown)}; valid: {sorted(KNOWN)}")
-  return out
-
-
 def get_config(arg: str | None = None):
-  opts = _parse(arg)
+  opts = config_lib.parse_config_args(arg, KNOWN, "configs/collapse.py")
   passed = ",".join(f"{k}={opts[k]}" for k in ("algo", "level", "seed") if k in opts)
   c = nphard.get_config(passed + (",smoke" if opts.get("smoke") else ""))
   c.tasks = str(opts.get("tasks", DEFAULT_TASKS)).replace("+", ",")

@@ -18,11 +18,9 @@ micro-batches; check the plan for your mesh with the second command above.
 Nothing is downloaded: the argument after the colon is a local folder.
 """
 
-import os
-import sys
+from dmpo_jax.training import config as config_lib
 
-sys.path.insert(0, os.path.dirname(__file__))
-import nphard_qwen  # noqa: E402
+nphard_qwen = config_lib.sibling(__file__, "nphard_qwen")
 
 
 def get_config(arg: str | None = None):

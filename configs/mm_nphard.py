@@ -17,11 +17,9 @@ of the same instances (`eval.modalities`). The renderer is ours: MM-NP-Bench num
 not comparable with the DMPO paper's.
 """
 
-import os
-import sys
+from dmpo_jax.training import config as config_lib
 
-sys.path.insert(0, os.path.dirname(__file__))
-import nphard  # noqa: E402
+nphard = config_lib.sibling(__file__, "nphard")
 
 
 def get_config(arg: str | None = None):

@@ -20,11 +20,9 @@ tokenizer and preprocessor_config.json); nothing is downloaded. The renderer is 
 scores are not comparable with the DMPO paper's MM-NP-Bench figures.
 """
 
-import os
-import sys
+from dmpo_jax.training import config as config_lib
 
-sys.path.insert(0, os.path.dirname(__file__))
-import nphard_qwen  # noqa: E402
+nphard_qwen = config_lib.sibling(__file__, "nphard_qwen")
 
 
 def get_config(arg: str | None = None):

@@ -13,23 +13,15 @@ unknown fields are refused (the config is locked).
 from ml_collections import config_dict
 
 from dmpo_jax.objectives.presets import ObjectiveConfig
+from dmpo_jax.training import config as config_lib
 import dataclasses
 
 
-def _parse(arg: str | None) -> dict:
-  out = {}
-  for part in filter(None, (arg or "").split(",")):
-    k, eq, v = part.partition("=")
-    out[k.strip()] = v.strip() if eq else True
-  known = {"algo", "level", "seed", "tasks", "smoke"}
-  unknown = set(out) - known
-  if unknown:
-    raise ValueError(f"configs/nphard.py: unknown argument(s) {sorted(unknown)}; valid: {sorted(known)}")
-  return out
+KNOWN = {"algo", "level", "seed", "tasks", "smoke"}
 
 
 def get_config(arg: str | None = None):
-  opts = _parse(arg)
+  opts = config_lib.parse_config_args(arg, KNOWN, "configs/nphard.py")
   c = config_dict.ConfigDict()
   c.seed = int(opts.get("seed", 0))
   c.tasks = str(opts.get("tasks", "all")).replace("+", ",")  # "all" or comma-separated keys

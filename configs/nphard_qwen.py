@@ -18,11 +18,9 @@ parameters on `fsdp` (all devices) with batch rows over `data` x `fsdp`.
 Check prompt lengths against `model.max_prompt_len` (errors name the task).
 """
 
-import os
-import sys
+from dmpo_jax.training import config as config_lib
 
-sys.path.insert(0, os.path.dirname(__file__))
-import nphard  # noqa: E402
+nphard = config_lib.sibling(__file__, "nphard")
 
 
 def get_config(arg: str | None = None):

@@ -399,3 +399,32 @@ def test_no_usable_checkpoint_is_an_error_that_names_the_file(finished, tmp_path
   with pytest.raises(ckpt_lib.CheckpointError, match=r"no usable checkpoint.*checkpoints/6/_CHECKPOINT_METADATA"):
     train_lib.train(smoke(), str(wd))
   assert snapshot(wd) == before
+
+
+@pytest.mark.parametrize("name,arg", [("nphard", None), ("nphard", "smoke,algo=grpo"),
+                                      ("collapse", None), ("collapse", "smoke,pass256"),
+                                      ("mm_nphard", "smoke"), ("nphard_qwen", "FOLDER"),
+                                      ("llama3_dph", "FOLDER"), ("mm_nphard_qwen", "FOLDER")])
+def test_configs_load_by_path_from_another_directory(name, arg, tmp_path, monkeypatch):
+  """Every shipped config loads from its path alone (siblings by path, configs/ not on
+  sys.path), whatever the working directory, and passes the schema."""
+  import sys
+  from dmpo_jax.training import config as config_lib
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  folder = tmp_path / "model"
+  folder.mkdir()
+  monkeypatch.chdir(tmp_path)
+  configs_dir = os.path.join(repo, "configs")
+  monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or ".") != configs_dir])
+  cfg = config_lib.load_config(os.path.join(configs_dir, f"{name}.py"),
+                               str(folder) if arg == "FOLDER" else arg)
+  config_lib.check_fields(cfg)
+  assert cfg.rl.steps >= 0 and (arg != "FOLDER" or cfg.model.init == str(folder))
+
+
+@pytest.mark.parametrize("name", ["nphard", "collapse"])
+def test_config_arguments_are_checked_by_one_parser(name):
+  from dmpo_jax.training import config as config_lib
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with pytest.raises(ValueError, match=rf"configs/{name}.py: unknown argument\(s\) \['bogus'\]"):
+    config_lib.load_config(os.path.join(repo, "configs", f"{name}.py"), "smoke,bogus=1")

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
 import sys
 import time
 import traceback
+
+from dmpo_jax.training import config as config_lib
 
 # Each setting: a run label -> overrides of config fields (applied after the config file and
 # --smoke; --set overrides apply to every run). The DM-only ablation needs a registered `none`
@@ -141,11 +142,7 @@ def load_config(spec: str, smoke: bool = False):
     raise SweepError(f"--config={spec!r}: no file {path!r}")
   if smoke:
     arg = ",".join(filter(None, [arg, "smoke"]))
-  sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # configs import their siblings
-  mod_spec = importlib.util.spec_from_file_location(f"_sweep_config_{abs(hash(path))}", path)
-  mod = importlib.util.module_from_spec(mod_spec)
-  mod_spec.loader.exec_module(mod)
-  return mod.get_config(arg or None)
+  return config_lib.load_config(path, arg or None)
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -362,3 +362,42 @@ def flag_error(e: BaseException, argv) -> str:
     return f"{flag}: {re.sub(r'^[A-Za-z_.]*(Error|Exception): ', '', last)}"
   text = " ".join(raw.split())
   return re.sub(r"^flag (--\S+)", r"\1", text)
+
+
+# ---------------------------------------------------------------------------
+# Config files (configs/*.py): `get_config(arg)` files loaded by path, as absl's --config does.
+def parse_config_args(arg: str | None, known, name: str) -> dict:
+  """A config's argument string, "algo=grpo,seed=3,smoke" -> {"algo": "grpo", "seed": "3",
+  "smoke": True}; an argument not in `known` is refused, naming the file `name`."""
+  out = {}
+  for part in filter(None, (arg or "").split(",")):
+    k, eq, v = part.partition("=")
+    out[k.strip()] = v.strip() if eq else True
+  unknown = set(out) - set(known)
+  if unknown:
+    raise ValueError(f"{name}: unknown argument(s) {sorted(unknown)}; valid: {sorted(known)}")
+  return out
+
+
+def load_config_module(path: str):
+  """The config file at `path` as a module (its own name, not on sys.path), whatever the
+  working directory: how one config builds on another (`sibling`)."""
+  import importlib.util
+  path = os.path.abspath(path)
+  name = "dmpo_jax_config_" + os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  if spec is None or not os.path.isfile(path):
+    raise ConfigError(f"{path}: no such config file")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def sibling(config_file: str, name: str):
+  """The config `name`.py beside `config_file` (a config's __file__), as a module."""
+  return load_config_module(os.path.join(os.path.dirname(os.path.abspath(config_file)), name + ".py"))
+
+
+def load_config(path: str, arg: str | None = None):
+  """get_config(arg) of the config file at `path` (what --config=path:arg gives)."""
+  return load_config_module(path).get_config(arg)
