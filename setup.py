@@ -33,7 +33,7 @@ setup(
             "hypothesis",
             # Only the reference in parity tests; the CPU wheel of this pin is on disk.
             "torch==2.13.0",
-            "accelerate",  # transformers' own GGUF load, the reference of tests/test_gguf.py
+            "accelerate",  # transformers' own GGUF load, the reference of tests/models/test_gguf.py
             "tensorflow-datasets",
             "array_record",
             "importlib_resources",

@@ -12,7 +12,7 @@ patch grid, 256 image tokens). The vision tower is frozen in the update
 (rl.freeze_vision), so the sampler's image features are exactly the update's.
 Evaluation scores the image prompts, the blank-image control and the text prompts of
 the same instances. DPH presets work with image prompts (docs/MULTIMODAL.md). No run
-at Qwen2.5-VL size has been measured (no accelerator yet); tests/test_mm_nphard.py
+at Qwen2.5-VL size has been measured (no accelerator yet); tests/training/test_mm_nphard.py
 trains this config for one RL step on a tiny local Qwen2.5-VL folder on 2 CPU devices.
 
 The argument after the colon is the local folder (config.json, *.safetensors,

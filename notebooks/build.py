@@ -3,7 +3,7 @@
     python notebooks/build.py
 
 Edit the cells here, not in the .ipynb files: the notebooks stay small,
-reviewable and free of outputs. tests/test_notebooks.py executes both.
+reviewable and free of outputs. tests/notebooks/test_notebooks.py executes both.
 """
 
 import os

@@ -1,6 +1,31 @@
-"""Tiny models and HF folders built inside the tests (no hub)."""
+"""Shared test helpers: the repository root, configs by path, the smoke config, tiny models and
+HF folders built inside the tests (no hub), and the invariance comparisons."""
+
+import os
 
 import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def config_module(name: str):
+  """configs/<name>.py as a module, loaded by path (as --config does)."""
+  from dmpo_jax.training import config as config_lib
+  return config_lib.load_config_module(os.path.join(REPO, "configs", name + ".py"))
+
+
+def smoke(arg="smoke", **over):
+  """configs/nphard.py:<arg> without TensorBoard, with dotted-path overrides
+  (smoke(**{"rl.steps": 2}))."""
+  cfg = config_module("nphard").get_config(arg)
+  cfg.log.tensorboard = False
+  for path, value in over.items():
+    node = cfg
+    *parents, leaf = path.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return cfg
 
 
 def tiny_hf(path, arch="qwen2", *, tie=False, vocab=97, seed=0, **overrides):

@@ -22,7 +22,7 @@ only, so it runs once per seed (stopping at the end of SFT) and each run's
 folder starts as a copy of its final checkpoint and metrics; the first run of
 a seed evaluates the SFT policy and its eval_before.json is copied to the
 seed's later runs. A run then equals an unshared one step for step
-(tests/test_sweep.py). A setting that changes a field outside SHARE_SAFE
+(tests/experiments/test_sweep.py). A setting that changes a field outside SHARE_SAFE
 trains its own SFT stage.
 """
 

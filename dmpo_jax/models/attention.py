@@ -52,7 +52,7 @@ def attend(q, k, v, mask):
   A hand-written backward (the standard one: dP = dO V^T, dS = P * (dP - rowsum(dO * O)))
   saves several passes over the [B, K, Q, S] tensors that autodiff of the
   masked softmax makes: the attention core's forward + backward ran ~1.5x
-  faster on XLA:CPU. tests/test_models.py checks it against autodiff.
+  faster on XLA:CPU. tests/models/test_models.py checks it against autodiff.
   """
   return _attend_fwd(q, k, v, mask)[0]
 

@@ -175,7 +175,7 @@ def successors(val, lits) -> dict:
 # ---------------------------------------------------------------------------
 # Exhaustive search for small instances: exact like CP-SAT, without its ~10 ms of set-up per
 # call, which dominated the instance filter of the collapse testbed (tiny graphs have <= 7
-# vertices). Larger instances go to CP-SAT. tests/test_optima.py checks both paths agree.
+# vertices). Larger instances go to CP-SAT. tests/tasks/test_optima.py checks both paths agree.
 SEARCH_MAX = 14  # vertices (graph sets, colourings) or subsets (set cover) searched exhaustively
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from dmpo_jax.objectives import (covariance, exploration, miniature, passk, presets, shaping,
                                  terms)
+from tests.helpers import config_module
 
 NEW_PRESETS = ("passk", "pkpo", "unlikely", "w_reinforce", "nsr", "kl_cov", "clip_cov",
                "outcome_batch", "outcome_ucb")
@@ -313,7 +314,7 @@ def test_miniature_runs_on_device_terms_and_refuses_host_state():
 def test_smoke_run(algo, tmp_path):
   import json
   from dmpo_jax import train as train_lib
-  from tests.test_train import smoke
+  from tests.helpers import smoke
   cfg = smoke(f"smoke,algo={algo}", **{"checkpoint.export_hf": False, "log.plots": False})
   res = train_lib.train(cfg, str(tmp_path))
   assert res["algo"] == algo
@@ -340,9 +341,7 @@ def test_pass_at_k_to_256_against_exact_counts():
         subs = _subsets(n, k)
         want = sum(any(hits[j] for j in s) for s in subs) / len(subs)
         assert abs(scoring.pass_at_k(n, c, k) - want) < 1e-12, (n, c, k)
-  import sys, os
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
-  import collapse
+  collapse = config_module("collapse")
   assert collapse.PASS256_KS[-1] == 256
   for c in (0, 1, 2, 7, 64, 200, 255, 256):
     for k in collapse.PASS256_KS:
@@ -358,9 +357,7 @@ def test_pass_at_k_to_256_against_exact_counts():
 
 
 def test_pass256_config():
-  import sys, os
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs"))
-  import collapse
+  collapse = config_module("collapse")
   c = collapse.get_config("pass256")
   assert c.eval.samples == 256 and max(c.eval.pass_ks) == 256
   # Rows per sampler call stay within what the default run's evaluations already sample at once

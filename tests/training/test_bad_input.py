@@ -18,7 +18,7 @@ from absl import flags
 from dmpo_jax import train as train_lib
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
-from tests.test_train import REPO, smoke
+from tests.helpers import REPO, config_module, smoke
 
 CONFIG = os.path.join(REPO, "configs", "nphard.py")
 BASE = [f"--config={CONFIG}:smoke", "--config.log.tensorboard=False"]
@@ -113,13 +113,12 @@ def test_every_config_field_is_declared(tmp_path):
   """Each field of each config in configs/ has a SCHEMA entry and passes it (a new field
   without a declaration fails here, not in a user's run)."""
   import sys
-  sys.path.insert(0, os.path.join(REPO, "configs"))
-  import collapse
-  import llama3_dph
-  import mm_nphard
-  import mm_nphard_qwen
-  import nphard
-  import nphard_qwen
+  collapse = config_module("collapse")
+  llama3_dph = config_module("llama3_dph")
+  mm_nphard = config_module("mm_nphard")
+  mm_nphard_qwen = config_module("mm_nphard_qwen")
+  nphard = config_module("nphard")
+  nphard_qwen = config_module("nphard_qwen")
   folder = str(tmp_path)  # the HF configs take a local folder; it only has to exist here
   for cfg in (nphard.get_config(), nphard.get_config("smoke"), collapse.get_config(),
               collapse.get_config("smoke,pool=4"), mm_nphard.get_config(), mm_nphard.get_config("smoke"),
@@ -410,7 +409,7 @@ def test_configs_load_by_path_from_another_directory(name, arg, tmp_path, monkey
   sys.path), whatever the working directory, and passes the schema."""
   import sys
   from dmpo_jax.training import config as config_lib
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  repo = REPO
   folder = tmp_path / "model"
   folder.mkdir()
   monkeypatch.chdir(tmp_path)
@@ -425,6 +424,6 @@ def test_configs_load_by_path_from_another_directory(name, arg, tmp_path, monkey
 @pytest.mark.parametrize("name", ["nphard", "collapse"])
 def test_config_arguments_are_checked_by_one_parser(name):
   from dmpo_jax.training import config as config_lib
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  repo = REPO
   with pytest.raises(ValueError, match=rf"configs/{name}.py: unknown argument\(s\) \['bogus'\]"):
     config_lib.load_config(os.path.join(repo, "configs", f"{name}.py"), "smoke,bogus=1")

@@ -13,8 +13,8 @@ import pytest
 
 from dmpo_jax.experiments import frontier, report as sweep_report, sweep
 from dmpo_jax.training import instances, pipeline, points, report, splits
+from tests.helpers import REPO, smoke
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "collapse.py")
 
 

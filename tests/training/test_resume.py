@@ -12,7 +12,7 @@ import pytest
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax import train as train_lib
 from dmpo_jax.objectives import presets
-from tests.test_train import smoke
+from tests.helpers import smoke
 
 TIMINGS = {"rollout_s", "reward_s", "update_s"}
 # One SFT step, three RL steps on a 2-device mesh; a checkpoint every step keeping one, so

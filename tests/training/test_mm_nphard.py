@@ -12,9 +12,9 @@ from dmpo_jax import multimodal as mm
 from dmpo_jax.training import pipeline
 from dmpo_jax import tasks
 from dmpo_jax import sampling
+from tests.helpers import config_module, smoke
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs"))
-import mm_nphard  # noqa: E402
+mm_nphard = config_module("mm_nphard")
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +247,7 @@ def test_qwen_vl_config_trains_a_local_folder(tmp_path):
   HF init, NP-Bench's wording with the image, bf16 compute, no SFT, one RL step with the
   tower frozen (bit-identical after it), params over 2 devices, evaluation in three
   modalities, HF export."""
-  import mm_nphard_qwen
+  mm_nphard_qwen = config_module("mm_nphard_qwen")
   from dmpo_jax import train as train_lib
   from dmpo_jax.models import hf
   folder = str(tmp_path / "qwen_vl")

@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from tests.helpers import REPO
 
-AB = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "ab.py")
+AB = os.path.join(REPO, "benchmarks", "ab.py")
 SCRIPT = ("import json; print('warm-up line'); "
           "print(json.dumps({{'step': {{'update_s': {t}, 'n': 3}}, 'loss_ms': {t} * 2000}}))\n")
 

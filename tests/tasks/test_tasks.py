@@ -12,9 +12,10 @@ import pytest
 
 from dmpo_jax import tasks
 from dmpo_jax.tasks import data, parsing, rewards, scoring
+from tests.helpers import REPO
 
 # NP-Bench instances with answers scored by its own rules and by ours (see tests/data/README.md).
-DATA = os.path.join(os.path.dirname(__file__), "data", "npbench_reference.jsonl")
+DATA = os.path.join(REPO, "tests", "data", "npbench_reference.jsonl")
 
 TABLE = {  # docs/TASKS.md: key -> (category, direction)
     "GCP-D": ("graph", "min"), "maximum_clique_problem": ("graph", "max"),

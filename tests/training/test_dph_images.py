@@ -14,9 +14,9 @@ import pytest
 from dmpo_jax import train as train_lib
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training import dph, pipeline, steps
+from tests.helpers import config_module, smoke
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs"))
-import mm_nphard  # noqa: E402
+mm_nphard = config_module("mm_nphard")
 
 
 def all_correct(monkeypatch):

@@ -9,11 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import adam_lr_sum, assert_adam_close
+from tests.helpers import REPO, adam_lr_sum, assert_adam_close, config_module, smoke
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "configs"))
-import nphard  # noqa: E402
+nphard = config_module("nphard")
 
 ARGS = ["--config=configs/nphard.py:smoke", "--config.sft.steps=1", "--config.rl.steps=1",
         "--config.log.plots=False", "--config.log.tensorboard=False"]

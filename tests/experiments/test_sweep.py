@@ -12,8 +12,8 @@ import pytest
 from dmpo_jax.training import report
 from dmpo_jax.experiments import report as sweep_report, stats, sweep
 from dmpo_jax.objectives import presets
+from tests.helpers import REPO, smoke
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "collapse.py")
 TIMING = ("rollout_s", "reward_s", "update_s")  # wall-clock fields: differ between any two runs
 

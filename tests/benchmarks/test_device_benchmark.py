@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from tests.helpers import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 # Installed here but not on a machine that has only jax, flax, optax, orbax, transformers, numpy
 # (absl comes with optax; transformers is allowed there but must not be needed).
 NOT_THERE = {"ml_collections", "tqdm", "matplotlib", "ortools", "tensorboardX", "torch",

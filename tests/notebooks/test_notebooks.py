@@ -5,9 +5,9 @@ import os
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from tests.helpers import REPO
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-NB = os.path.join(HERE, "..", "notebooks")
+NB = os.path.join(REPO, "notebooks")
 
 
 @pytest.mark.slow
@@ -16,7 +16,7 @@ def test_notebook_runs(name, tmp_path, monkeypatch):
   nb = nbformat.read(os.path.join(NB, name), as_version=4)
   assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "stored with outputs"
   monkeypatch.setenv("DMPO_NOTEBOOK_SMALL", "1")
-  monkeypatch.setenv("PYTHONPATH", os.path.abspath(os.path.join(HERE, "..")))
+  monkeypatch.setenv("PYTHONPATH", REPO)
   client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
   client.execute()  # raises CellExecutionError on any failing cell
   outs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]

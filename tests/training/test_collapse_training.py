@@ -11,6 +11,7 @@ from dmpo_jax import train
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import tokenizer as tok_lib
 from dmpo_jax.tasks import rewards as rewards_lib
+from tests.helpers import config_module, smoke
 
 LP, LT = 160, 32
 COLLAPSE = pipeline.Collapse(limit=16, time_limit=2.0, min_optima=2, max_optima=8)
@@ -122,7 +123,7 @@ def test_term_gradient_norms_are_those_of_each_term():
   import jax
   import optax
   from flax import nnx
-  from configs import nphard
+  nphard = config_module("nphard")
   from dmpo_jax.training import steps
   from dmpo_jax.objectives import presets
   cfg = nphard.get_config("smoke")

@@ -14,23 +14,9 @@ import pytest
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax import train as train_lib
 from dmpo_jax.models import hf
-from tests.helpers import adam_lr_sum, assert_adam_close
+from tests.helpers import REPO, adam_lr_sum, assert_adam_close, config_module, smoke
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "configs"))
-import nphard  # noqa: E402
-
-
-def smoke(arg="smoke", **over):
-  cfg = nphard.get_config(arg)
-  cfg.log.tensorboard = False
-  for path, value in over.items():
-    node = cfg
-    *parents, leaf = path.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return cfg
+nphard = config_module("nphard")
 
 
 def load_params(workdir):
@@ -240,7 +226,7 @@ def test_qwen_config_trains_a_local_hf_folder(tmp_path):
   HF init, npbench prompts, bf16 compute, no SFT, one RL step, HF export."""
   from tests.helpers import tiny_hf
   from dmpo_jax.models import tokenizer
-  import nphard_qwen
+  nphard_qwen = config_module("nphard_qwen")
   folder = tmp_path / "qwen"
   tok = tokenizer.build(str(folder))
   tiny_hf(str(folder), vocab=-(-len(tok) // 8) * 8)

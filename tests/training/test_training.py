@@ -19,6 +19,7 @@ from dmpo_jax.objectives import presets
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.training import TrainState, collect_rollouts, state as state_lib, update
 from dmpo_jax import sampling
+from tests.helpers import config_module, smoke
 
 P, G, LP, LT = 4, 2, 48, 8
 
@@ -270,8 +271,7 @@ def test_dph_with_a_pool_skips_every_row_that_draws_a_d_pef_instance():
 
 def test_dph_per_sample_weighting_scales_eta(tmp_path):
   import sys
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs"))
-  import nphard
+  nphard = config_module("nphard")
   from dmpo_jax import train as train_lib
   cfg = nphard.get_config("algo=dph_f")
   base = train_lib.objective_from_config(cfg).div_coef
@@ -286,8 +286,7 @@ def test_dph_per_sample_weighting_scales_eta(tmp_path):
 def smoke_config():
   import os
   import sys
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"))
-  import nphard
+  nphard = config_module("nphard")
   return nphard.get_config("smoke")
 
 

@@ -1,0 +1,1 @@
+"""Tests of benchmarks/ (the A/B runner, the device benchmark)."""

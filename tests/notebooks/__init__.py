@@ -1,0 +1,1 @@
+"""The notebooks, executed (notebooks/build.py builds them)."""

@@ -1,0 +1,1 @@
+"""Tests of dmpo_jax.sampling (the folders of tests/ mirror the package's)."""

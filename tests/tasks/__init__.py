@@ -1,0 +1,1 @@
+"""Tests of dmpo_jax.tasks (the folders of tests/ mirror the package's)."""

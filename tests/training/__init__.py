@@ -1,0 +1,1 @@
+"""Tests of the training layer (dmpo_jax.training) and the training CLI (dmpo_jax.train)."""
