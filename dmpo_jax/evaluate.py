@@ -131,12 +131,12 @@ def load_policy():
       raise app.UsageError(f"{FLAGS.hf} has no tokenizer files")
     graphdef, state = nnx.split(model)
     return graphdef, state, tok, {}
-  from dmpo_jax import train as train_lib
+  from dmpo_jax.training import run as run_lib
   saved = config_lib.saved_config(FLAGS.workdir)
   if saved is None:
     raise app.UsageError(f"{FLAGS.workdir} is not a training workdir (no config.json)")
   cfg = config_dict.ConfigDict(saved)
-  model, tok = train_lib.build_model(cfg)
+  model, tok = run_lib.build_model(cfg)
   graphdef, state = nnx.split(model)
   if not os.path.isdir(os.path.join(FLAGS.workdir, "checkpoints")):
     raise app.UsageError(f"{FLAGS.workdir} has no checkpoint yet")
@@ -145,11 +145,11 @@ def load_policy():
   if step is None:
     raise app.UsageError(f"{FLAGS.workdir} has no checkpoint yet")
   params = {"model": state}
-  obj = train_lib.objective_from_config(cfg)
+  obj = run_lib.objective_from_config(cfg)
   if presets.needs_log_z(obj):
     from dmpo_jax.objectives import flowrl
     params["log_z"] = flowrl.init_log_z_head(jax.random.key(0), model.cfg.hidden_size)
-  params, meta = ck.restore_params(step, params, train_lib.model_shape(model))
+  params, meta = ck.restore_params(step, params, run_lib.model_shape(model))
   print(f"loaded {FLAGS.workdir} step {step} ({meta['stage']})")
   image = cfg.get("image") or {}
   return graphdef, params["model"], tok, {

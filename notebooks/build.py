@@ -67,9 +67,9 @@ print(cfg.rl.algo, "| SFT steps", cfg.sft.steps, "| RL steps", cfg.rl.steps)''')
 `train()` is what `python -m dmpo_jax.train` runs; the workdir gets
 checkpoints, metrics, plots and a Hugging Face export. Rerunning the cell
 resumes from the workdir."""),
-    new_code_cell(r'''from dmpo_jax import train as train_lib
+    new_code_cell(r'''from dmpo_jax.training import stages
 workdir = "runs/quickstart_dmpo"
-results = train_lib.train(cfg, workdir)'''),
+results = stages.train(cfg, workdir)'''),
     new_code_cell(r'''import matplotlib.pyplot as plt
 from dmpo_jax.training import report
 rows = [r for r in report.read_metrics(f"{workdir}/metrics.jsonl") if r["stage"] == "rl"]
@@ -85,8 +85,8 @@ What the RL stage repeats: collect rollouts (sample G answers per prompt,
 verify them on the host while the device samples, shape the rewards) and
 update on that batch. `setup` restores the trained run's state from its
 workdir."""),
-    new_code_cell(r'''from dmpo_jax.training import collect_rollouts, steps, update
-run, state = train_lib.setup(cfg, workdir)
+    new_code_cell(r'''from dmpo_jax.training import collect_rollouts, run as run_lib, steps, update
+run, state = run_lib.setup(cfg, workdir)
 sampler = run.sampler(run.sampling_config(cfg.rl.group_size, cfg.rl.temperature))
 rl_step = steps.make_rl_step(run.graphdef, run.obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
                              shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep))
@@ -132,7 +132,7 @@ not comparable with the paper's MM-NP-Bench figures."""),
     new_code_cell(r'''from dmpo_jax import multimodal as mm
 cfg_mm = load_config("mm_nphard", "smoke,tasks=TSP+knapsack" if SMALL else "")
 cfg_mm.log.tensorboard = False
-res_mm = train_lib.train(cfg_mm, "runs/quickstart_mm")
+res_mm = stages.train(cfg_mm, "runs/quickstart_mm")
 print(mm.format_modalities({"modalities": res_mm["modalities"]["after"]}))'''),
     new_code_cell(r'''model_mm, proc = hf.load("runs/quickstart_mm/hf")   # a Qwen2.5-VL folder: model + processor
 enc_mm = mm.make_encoder(cfg_mm, proc)
@@ -162,12 +162,12 @@ python -m dmpo_jax.train --config=configs/nphard_qwen.py:/path/to/Qwen2.5-1.5B-I
 ```"""),
     new_code_cell(r'''cfg_js = load_config("nphard", "smoke,algo=dph_js" if SMALL else "algo=dph_js")
 cfg_js.log.tensorboard = False
-res_js = train_lib.train(cfg_js, "runs/quickstart_dph_js")
+res_js = stages.train(cfg_js, "runs/quickstart_dph_js")
 print("dph_js QR@3 after RL:", round(res_js["after"]["overall"]["QR@3"], 3))
 
 # A local Hugging Face folder (Qwen2.5-Instruct: config.json, *.safetensors, tokenizer files):
 # cfg_qwen = load_config("nphard_qwen", "/path/to/Qwen2.5-1.5B-Instruct")
-# train_lib.train(cfg_qwen, "runs/qwen_dmpo")'''),
+# stages.train(cfg_qwen, "runs/qwen_dmpo")'''),
 ]
 
 MODE_COLLAPSE = [

@@ -27,7 +27,7 @@ def main():
   args = ap.parse_args()
   import collapse
   from absl import logging
-  from dmpo_jax import train
+  from dmpo_jax.training import run as run_lib, stages
   from dmpo_jax.training import points
   logging.set_verbosity(logging.WARNING)
   rows = []
@@ -37,9 +37,9 @@ def main():
     wd = os.path.join(args.out, f"sft{n}")
     t0 = time.time()
     cfg.stop_at_step = n
-    train.train(cfg, wd)
+    stages.train(cfg, wd)
     t_sft = time.time() - t0
-    run, state = train.setup(cfg, wd)
+    run, state = run_lib.setup(cfg, wd)
     res = points.Points(run, state.params).evaluate(state, 0)
     run.ckpt.close()
     row = {"sft_steps": n, "sft_s": t_sft, "eval_s": time.time() - t0 - t_sft}

@@ -26,7 +26,7 @@ import collapse as collapse_cfg  # noqa: E402
 import nphard  # noqa: E402
 
 from dmpo_jax import tasks as tasks_lib  # noqa: E402
-from dmpo_jax import train as train_lib  # noqa: E402
+from dmpo_jax.training import run as run_lib
 from dmpo_jax.training import checkpoint as ckpt_lib  # noqa: E402
 from dmpo_jax.training import evaluation, pipeline  # noqa: E402
 
@@ -45,7 +45,7 @@ def curves(root: str, algo: str, sft_steps: int, rl_steps: int, with_before: boo
   cfg.sft.steps, cfg.rl.steps = sft_steps, rl_steps
   cfg.log.tensorboard, cfg.log.progress = False, False
   workdir = os.path.join(root, algo)
-  run, state = train_lib.setup(cfg, workdir)
+  run, state = run_lib.setup(cfg, workdir)
   run.ckpt.close()
   items = [it for it in run.taskset.held_out(2) if has_optima(it[0])]
   sampler = run.sampler(run.sampling_config(256, 0.7))

@@ -366,8 +366,8 @@ def run_sweep(runs: list[Run], out: str, *, train_fn=None, max_runs: int | None 
   """Run what is not finished (at most max_runs of them). Returns {"done", "skipped", "failed",
   "stopped", "pending"} lists of run names."""
   if train_fn is None:
-    from dmpo_jax import train as train_lib
-    train_fn = train_lib.train
+    from dmpo_jax.training import stages
+    train_fn = stages.train
   from tqdm import tqdm
   bar = tqdm(runs, desc="sweep", unit="run", dynamic_ncols=True, disable=not progress,
              bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} runs [{elapsed}<{remaining}]")

@@ -10,7 +10,9 @@ update.py   optimizers, micro-batching, `update` (one step of a jitted
             `steps.make_rl_step` / `make_sft_step`)
 state.py    `TrainState`, the checkpoint record, the run's random streams
 dph.py      DPH-RL pre-sampling, its store, and the step's instances
-`dmpo_jax.train` runs these as stages; docs/ARCHITECTURE.md follows one step.
+run.py     the run context (`Run`: config, model, shardings, optimizers, data, outputs), `setup`
+stages.py  `train(cfg, workdir)`: SFT, evaluation, DPH pre-sampling, RL, evaluation, results
+`python -m dmpo_jax.train` is their command line; docs/ARCHITECTURE.md follows one step.
 """
 
 from dmpo_jax.training.rollout import Rollouts, collect_rollouts

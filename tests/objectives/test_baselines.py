@@ -313,10 +313,10 @@ def test_miniature_runs_on_device_terms_and_refuses_host_state():
 @pytest.mark.parametrize("algo", NEW_PRESETS)
 def test_smoke_run(algo, tmp_path):
   import json
-  from dmpo_jax import train as train_lib
+  from dmpo_jax.training import stages
   from tests.helpers import smoke
   cfg = smoke(f"smoke,algo={algo}", **{"checkpoint.export_hf": False, "log.plots": False})
-  res = train_lib.train(cfg, str(tmp_path))
+  res = stages.train(cfg, str(tmp_path))
   assert res["algo"] == algo
   rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl") if '"rl"' in l]
   assert len(rows) == 3 and all(np.isfinite(r["loss"]) for r in rows)

@@ -15,7 +15,9 @@ import orbax.checkpoint as ocp
 import pytest
 from absl import flags
 
-from dmpo_jax import train as train_lib
+from dmpo_jax import train as cli
+from dmpo_jax.training import run as run_lib
+from dmpo_jax.training import stages
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
 from tests.helpers import REPO, config_module, smoke
@@ -28,11 +30,11 @@ TIMINGS = {"rollout_s", "reward_s", "update_s"}
 def train_cli(argv, capsys) -> tuple[int, str]:
   """`python -m dmpo_jax.train` in this process: (exit status, stderr)."""
   fv = flags.FlagValues()
-  train_lib.define_flags(fv, ["train"] + argv)
+  cli.define_flags(fv, ["train"] + argv)
   code = 0
   try:
-    rest = train_lib.parse_flags(["train"] + argv, fv)
-    train_lib.main(rest, fv)
+    rest = cli.parse_flags(["train"] + argv, fv)
+    cli.main(rest, fv)
   except SystemExit as e:
     code = e.code
   return code, capsys.readouterr().err
@@ -267,7 +269,7 @@ def test_any_k_in_tables_and_plots(tmp_path):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
   wd = tmp_path_factory.mktemp("finished") / "run"
-  train_lib.train(smoke(), str(wd))
+  stages.train(smoke(), str(wd))
   return wd
 
 
@@ -328,7 +330,7 @@ def metric_rows(workdir):
 @pytest.mark.slow
 def test_damaged_latest_checkpoint_falls_back_and_ends_like_an_uninterrupted_run(finished, tmp_path, capsys):
   wd = tmp_path / "run"
-  assert train_lib.train(smoke(stop_at_step=5), str(wd)) == {"stopped": True, "step": 5}
+  assert stages.train(smoke(stop_at_step=5), str(wd)) == {"stopped": True, "step": 5}
   meta = wd / "checkpoints" / "5" / "meta" / "metadata"
   meta.write_bytes(meta.read_bytes()[:94])  # truncated mid-record
   with open(wd / "metrics.jsonl", "a") as f:
@@ -341,7 +343,7 @@ def test_damaged_latest_checkpoint_falls_back_and_ends_like_an_uninterrupted_run
   assert code == 0, err[-2000:]
   assert snapshot(wd) == before and (tmp_path / "eval" / "eval.json").exists()
   capsys.readouterr()
-  train_lib.train(smoke(), str(wd))
+  stages.train(smoke(), str(wd))
   out = capsys.readouterr().out
   assert f"skipping checkpoint {wd}/checkpoints/7 ({wd}/checkpoints/7/_CHECKPOINT_METADATA: missing)" in out
   assert f"skipping checkpoint {wd}/checkpoints/5 ({meta}: JSONDecodeError" in out
@@ -361,14 +363,14 @@ def test_damaged_eval_file_is_recomputed_and_results_match(finished, tmp_path, c
   after = wd / "eval_after.json"
   after.write_text(after.read_text()[:200])
   capsys.readouterr()
-  train_lib.train(smoke(), str(wd))
+  stages.train(smoke(), str(wd))
   assert f"{after} is damaged (JSONDecodeError" in capsys.readouterr().out
   assert json.loads(after.read_text()) == json.loads((finished / "eval_after.json").read_text())
   # eval_before of a finished run: its policy (the end of SFT, step 3) is no longer kept
   before = wd / "eval_before.json"
   before.write_text("{}")
-  with pytest.raises(train_lib.TrainingError, match="eval_before.json is missing or damaged"):
-    train_lib.train(smoke(), str(wd))
+  with pytest.raises(run_lib.TrainingError, match="eval_before.json is missing or damaged"):
+    stages.train(smoke(), str(wd))
 
 
 @pytest.mark.slow
@@ -383,7 +385,7 @@ def test_a_failing_plot_loses_nothing(finished, tmp_path, capsys, monkeypatch):
   def broken(*args, **kw):
     raise RuntimeError("no display")
   monkeypatch.setattr(report, "plot_before_after", broken)
-  res = train_lib.train(smoke(), str(wd))
+  res = stages.train(smoke(), str(wd))
   assert f"warning: could not draw {wd}/before_after.png (RuntimeError: no display)" in capsys.readouterr().out
   assert json.loads((wd / "results.json").read_text())["after"] == res["after"]
   assert (wd / "hf" / "model.safetensors").exists() and not (wd / "before_after.png").exists()
@@ -396,7 +398,7 @@ def test_no_usable_checkpoint_is_an_error_that_names_the_file(finished, tmp_path
     (wd / "checkpoints" / str(step) / "_CHECKPOINT_METADATA").write_text("")
   before = snapshot(wd)
   with pytest.raises(ckpt_lib.CheckpointError, match=r"no usable checkpoint.*checkpoints/6/_CHECKPOINT_METADATA"):
-    train_lib.train(smoke(), str(wd))
+    stages.train(smoke(), str(wd))
   assert snapshot(wd) == before
 
 

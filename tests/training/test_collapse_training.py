@@ -7,7 +7,7 @@ import pytest
 from ml_collections import config_dict
 
 from dmpo_jax.training import pipeline
-from dmpo_jax import train
+from dmpo_jax.training import run as run_lib, stages
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import tokenizer as tok_lib
 from dmpo_jax.tasks import rewards as rewards_lib
@@ -69,7 +69,7 @@ def answers(encoder, batch):
 def test_sft_targets_optimal_are_distinct_optima(encoder):
   run = sft_run(encoder, "optimal")
   items = run.taskset.train("sft", 5, 2)
-  texts = answers(encoder, train.sft_batch(run, 5))
+  texts = answers(encoder, stages.sft_batch(run, 5))
   for i, (key, q) in enumerate(items):
     task = tasks_lib.get(key)
     opt = task.optimal_solutions(q, limit=16, time_limit=2.0)
@@ -81,7 +81,7 @@ def test_sft_targets_optimal_are_distinct_optima(encoder):
   key, q = run.taskset.train("sft", 5, 2)[0]
   want = [encoder.tok.decode(encoder.answer_ids(key, s)[:-1]) for s in
           (tasks_lib.get(key).sample_solutions(q, 4, seed=5) * 4)[:4]]
-  got = answers(encoder, train.sft_batch(run, 5))[:4]
+  got = answers(encoder, stages.sft_batch(run, 5))[:4]
   assert [g.removeprefix("Answer: ").strip() for g in got] == [w.strip() for w in want]
 
 
@@ -129,7 +129,7 @@ def test_term_gradient_norms_are_those_of_each_term():
   cfg = nphard.get_config("smoke")
   cfg.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
                    head_dim=16)
-  model, _ = train.build_model(cfg)
+  model, _ = run_lib.build_model(cfg)
   graphdef, state = nnx.split(model)
   batch = tiny_rl_batch()
   obj = presets.objective_config("dmpo", dm_coef=2.0, dm_alpha=1 / 15)
@@ -214,7 +214,7 @@ def test_keep_and_exploration_after_rl_both_ways():
   cfg = config_dict.ConfigDict(dict(collapse=dict(keep_k=2, correct=("optimal",)), eval=dict(samples=2)))
   before = {"correct": {"optimal": {"t": [[True, True], [False, False]]}, "feasible": {"t": [[True] * 2] * 2}}}
   after = {"correct": {"optimal": {"t": [[False, False], [True, False]]}, "feasible": {"t": [[True] * 2] * 2}}}
-  out = train.collapse_keep_exploration(cfg, before, after)["keep_exploration_collapse"]
+  out = stages.collapse_keep_exploration(cfg, before, after)["keep_exploration_collapse"]
   assert list(out) == ["optimal"]
   assert out["optimal"]["t"]["keep_rate"] == 0.0 and out["optimal"]["t"]["exploration_rate"] == 1.0
-  assert train.collapse_keep_exploration(config_dict.ConfigDict(dict(eval=dict(samples=2))), {}, {}) == {}
+  assert stages.collapse_keep_exploration(config_dict.ConfigDict(dict(eval=dict(samples=2))), {}, {}) == {}

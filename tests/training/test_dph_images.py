@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dmpo_jax import train as train_lib
+from dmpo_jax.training import run as run_lib
+from dmpo_jax.training import stages
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training import dph, pipeline, steps
 from tests.helpers import config_module, smoke
@@ -49,7 +50,7 @@ def test_dph_rows_with_images_give_the_stored_logprobs(tmp_path, monkeypatch):
   re-rendered from pef_index, one prompt per row, micro-batched) gives the log-probs the
   pre-sampling stored (ratio 1), which are the sampler's with the prompts' images."""
   cfg = config(**{"sft.steps": 0})
-  run, state = train_lib.setup(cfg, str(tmp_path))
+  run, state = run_lib.setup(cfg, str(tmp_path))
   all_correct(monkeypatch)
   real = run.sampler(run.sampling_config(cfg.dph.samples, cfg.rl.temperature, cfg.rl.top_p))
   calls = []
@@ -74,7 +75,7 @@ def test_dph_rows_with_images_give_the_stored_logprobs(tmp_path, monkeypatch):
   sampler_lp = np.concatenate([c[2] for c in calls])[:n * k]
   np.testing.assert_allclose(store["pef_logprobs"][mask], sampler_lp[mask], atol=1e-5)
 
-  images = train_lib.dph_image_fn(run, store)
+  images = stages.dph_image_fn(run, store)
   logprob_fn = steps.make_logprob_fn(run.graphdef, run.prompt_len, temperature=cfg.rl.temperature)
 
   @jax.jit
@@ -104,11 +105,11 @@ def test_mm_dph_smoke_run_end_to_end_with_resume(tmp_path, monkeypatch):
   over = {"rl.steps": 2, "eval.modalities": ("image",)}
   wd = tmp_path / "run"
   first = config(stop_at_step=4, **over)
-  assert train_lib.train(first, str(wd)) == {"stopped": True, "step": 4}
+  assert stages.train(first, str(wd)) == {"stopped": True, "step": 4}
   store = dict(np.load(wd / dph.STORE))
   assert len(store["pef_tokens"]) == first.dph.num_prompts * first.dph.samples
   monkeypatch.undo()  # the resume reads the store back: no scoring of pre-samples
-  res = train_lib.train(config(**over), str(wd))
+  res = stages.train(config(**over), str(wd))
   again = np.load(wd / dph.STORE)
   np.testing.assert_array_equal(again["pef_tokens"], store["pef_tokens"])
   rows = [json.loads(line) for line in open(wd / "metrics.jsonl")]

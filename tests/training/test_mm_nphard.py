@@ -213,7 +213,7 @@ def test_mm_smoke_run_end_to_end_with_resume(tmp_path):
   tower state, so the checkpoint's structure is RL's) and the resume, RL with dmpo,
   evaluation in every modality (the blank-image control included), the HF export, on image
   prompts of two tasks."""
-  from dmpo_jax import train as train_lib
+  from dmpo_jax.training import stages
   from dmpo_jax.models import hf
 
   def cfg(**over):
@@ -225,9 +225,9 @@ def test_mm_smoke_run_end_to_end_with_resume(tmp_path):
     return c
 
   wd = tmp_path / "run"
-  assert train_lib.train(cfg(stop_at_step=4), str(wd)) == {"stopped": True, "step": 4}
+  assert stages.train(cfg(stop_at_step=4), str(wd)) == {"stopped": True, "step": 4}
   assert (wd / "eval_before.json").exists()
-  res = train_lib.train(cfg(), str(wd))  # resumes at step 4, inside RL
+  res = stages.train(cfg(), str(wd))  # resumes at step 4, inside RL
   rows = [json.loads(l) for l in open(wd / "metrics.jsonl")]
   assert [r["stage"] for r in rows] == ["sft"] * 3 + ["rl"] * 3
   assert [r["step"] for r in rows] == list(range(1, 7))
@@ -248,7 +248,7 @@ def test_qwen_vl_config_trains_a_local_folder(tmp_path):
   tower frozen (bit-identical after it), params over 2 devices, evaluation in three
   modalities, HF export."""
   mm_nphard_qwen = config_module("mm_nphard_qwen")
-  from dmpo_jax import train as train_lib
+  from dmpo_jax.training import stages
   from dmpo_jax.models import hf
   folder = str(tmp_path / "qwen_vl")
   model, processor = mm.build_vlm(mm_nphard.get_config("smoke"))
@@ -262,7 +262,7 @@ def test_qwen_vl_config_trains_a_local_folder(tmp_path):
   cfg.eval.update(num_per_task=2, samples=3, batch_prompts=4)
   cfg.mesh.update(data=1, fsdp=2)
   cfg.log.update(tensorboard=False, progress=False, plots=False)
-  res = train_lib.train(cfg, str(tmp_path / "run"))
+  res = stages.train(cfg, str(tmp_path / "run"))
   assert res["steps"] == {"sft": 0, "rl": 1}
   assert list(res["modalities"]["after"]) == ["image", "blank", "text"]
   import jax

@@ -10,7 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from dmpo_jax.training import checkpoint as ckpt_lib
-from dmpo_jax import train as train_lib
+from dmpo_jax.training import stages
 from dmpo_jax.objectives import presets
 from tests.helpers import smoke
 
@@ -39,16 +39,16 @@ def metric_rows(workdir):
 def test_resume_mid_rl_is_bit_identical(algo, tmp_path):
   a, b = tmp_path / "a", tmp_path / "b"
   arg = f"smoke,algo={algo}"
-  train_lib.train(smoke(arg, **DRILL), str(a))
+  stages.train(smoke(arg, **DRILL), str(a))
   needs_ref = presets.needs_reference(presets.objective_config(algo))
   # stop at the end of SFT, then after the first RL step
-  assert train_lib.train(smoke(arg, **DRILL, stop_at_step=1), str(b)) == {"stopped": True, "step": 1}
+  assert stages.train(smoke(arg, **DRILL, stop_at_step=1), str(b)) == {"stopped": True, "step": 1}
   assert not ckpt_lib.Checkpointer(str(b / "checkpoints"), keep=1).has_reference()
-  assert train_lib.train(smoke(arg, **DRILL, stop_at_step=2), str(b)) == {"stopped": True, "step": 2}
+  assert stages.train(smoke(arg, **DRILL, stop_at_step=2), str(b)) == {"stopped": True, "step": 2}
   ck = ckpt_lib.Checkpointer(str(b / "checkpoints"), keep=1)
   assert ck.has_reference() == needs_ref  # written when RL started, at step 1
   ck.close()
-  train_lib.train(smoke(arg, **DRILL), str(b))  # resumes 2 -> 4
+  stages.train(smoke(arg, **DRILL), str(b))  # resumes 2 -> 4
   ck = ckpt_lib.Checkpointer(str(b / "checkpoints"), keep=1)
   assert ck.mngr.all_steps() == [4] and ck.has_reference() == needs_ref  # rotation kept it
   ck.close()

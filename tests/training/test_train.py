@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 
 from dmpo_jax.training import checkpoint as ckpt_lib
-from dmpo_jax import train as train_lib
+from dmpo_jax.training import config as config_lib
+from dmpo_jax.training import run as run_lib
+from dmpo_jax.training import stages
+from dmpo_jax.training.update import make_optimizer, micro_batches
 from dmpo_jax.models import hf
 from tests.helpers import REPO, adam_lr_sum, assert_adam_close, config_module, smoke
 
@@ -75,7 +78,7 @@ def test_cli_smoke_dmpo(tmp_path):
 @pytest.mark.slow
 def test_dph_js_stage(tmp_path):
   cfg = smoke("smoke,algo=dph_js")
-  res = train_lib.train(cfg, str(tmp_path))
+  res = stages.train(cfg, str(tmp_path))
   store = np.load(tmp_path / "dph_store.npz")
   assert store["pef_tokens"].shape[1] == cfg.model.max_prompt_len + cfg.model.max_new_tokens
   # every prompt is in exactly one of D_exp and D_pef (by index); stored responses are D_pef's
@@ -97,7 +100,7 @@ def test_dph_with_stored_responses_adds_divergence(tmp_path):
   np.savez(tmp_path / "dph_store.npz", pef_tokens=tokens, pef_prompt_mask=np.ones((n, lp), np.int32),
            pef_mask=np.ones((n, lt), np.int32), pef_logprobs=np.full((n, lt), -4.0, np.float32),
            pef_index=np.arange(n), exp_index=np.arange(n, n + 4), version=2)
-  train_lib.train(cfg, str(tmp_path))
+  stages.train(cfg, str(tmp_path))
   rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl") if '"rl"' in l]
   assert rows and all(r.get("divergence") is not None and np.isfinite(r["divergence"]) for r in rows)
 
@@ -105,7 +108,7 @@ def test_dph_with_stored_responses_adds_divergence(tmp_path):
 @pytest.fixture(scope="module")
 def one_device_run(tmp_path_factory):
   wd = tmp_path_factory.mktemp("d1")
-  train_lib.train(smoke(**TWO_STEPS, **{"mesh.data": 1}), str(wd))
+  stages.train(smoke(**TWO_STEPS, **{"mesh.data": 1}), str(wd))
   return wd
 
 
@@ -117,7 +120,7 @@ TWO_STEPS = {"sft.steps": 1, "rl.steps": 1, "checkpoint.export_hf": True, "log.p
 def test_meshes_match_one_device(mesh, tmp_path, one_device_run):
   assert jax.device_count() == 8
   shape = dict(zip(("mesh.data", "mesh.fsdp", "mesh.tensor"), mesh))
-  train_lib.train(smoke(**TWO_STEPS, **shape), str(tmp_path))
+  stages.train(smoke(**TWO_STEPS, **shape), str(tmp_path))
   r8 = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   r1 = [json.loads(l) for l in open(one_device_run / "metrics.jsonl")]
   assert len(r8) == len(r1) == 2
@@ -135,7 +138,7 @@ def test_parameters_sharded_as_the_rules_say():
   from flax import nnx
   from jax.sharding import PartitionSpec as P
   from dmpo_jax.parallel import sharding
-  model, _ = train_lib.build_model(smoke())
+  model, _ = run_lib.build_model(smoke())
   _, state = nnx.split(model)
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   sh = sharding.param_shardings(state, mesh)
@@ -160,13 +163,13 @@ def test_bad_config_fields_name_themselves(tmp_path):
                      cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
   assert r.returncode != 0 and "no_such_field" in r.stderr
   with pytest.raises(ValueError, match=r"config.rl.algo='ppo_xyz': must be one of .*dmpo"):
-    train_lib.train(smoke("smoke,algo=ppo_xyz"), str(tmp_path / "p"))
+    stages.train(smoke("smoke,algo=ppo_xyz"), str(tmp_path / "p"))
   with pytest.raises(ValueError, match="unknown argument.*bogus"):
     nphard.get_config("smoke,bogus=1")
   with pytest.raises(ValueError, match=r"config.rl.group_size=1: grpo advantages need a group"):
-    train_lib.train(smoke(**{"rl.group_size": 1}), str(tmp_path / "g"))
+    stages.train(smoke(**{"rl.group_size": 1}), str(tmp_path / "g"))
   with pytest.raises(ValueError, match=r"objective.agg='mean' is not one of"):
-    train_lib.train(smoke(**{"rl.objective.agg": "mean"}), str(tmp_path / "o"))
+    stages.train(smoke(**{"rl.objective.agg": "mean"}), str(tmp_path / "o"))
 
 
 @pytest.mark.slow
@@ -175,17 +178,17 @@ def test_nonfinite_steps_stop_with_good_checkpoint(tmp_path):
   # the second in a row stops the run. SFT ends at step 3; step 4 (skipped) is saved.
   cfg = smoke(**{"rl.lr": float("nan"), "rl.nonfinite_patience": 2,
                  "rl.steps": 5, "checkpoint.every": 1})
-  with pytest.raises(train_lib.TrainingError, match="2 non-finite losses in a row.*checkpoint \\(4\\) is intact"):
-    train_lib.train(cfg, str(tmp_path))
+  with pytest.raises(run_lib.TrainingError, match="2 non-finite losses in a row.*checkpoint \\(4\\) is intact"):
+    stages.train(cfg, str(tmp_path))
   ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
   assert ck.latest_step() == 4 and ck.read_meta(4)["counters"]["nonfinite_total"] == 1
-  model, _ = train_lib.build_model(cfg)
+  model, _ = run_lib.build_model(cfg)
   from flax import nnx
   _, state = nnx.split(model)
   params = {"model": state}
-  opt = train_lib.make_optimizer(1e-3, 5, 1, 1.0)
-  p3, _, _ = ck.restore(3, params, opt.init(params), train_lib.model_shape(model))
-  p4, _, _ = ck.restore(4, params, opt.init(params), train_lib.model_shape(model))
+  opt = make_optimizer(1e-3, 5, 1, 1.0)
+  p3, _, _ = ck.restore(3, params, opt.init(params), run_lib.model_shape(model))
+  p4, _, _ = ck.restore(4, params, opt.init(params), run_lib.model_shape(model))
   for x, y in zip(jax.tree.leaves(p3), jax.tree.leaves(p4)):
     assert np.isfinite(np.asarray(y)).all()
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # the NaN step changed nothing
@@ -193,12 +196,12 @@ def test_nonfinite_steps_stop_with_good_checkpoint(tmp_path):
 
 @pytest.mark.slow
 def test_other_model_shape_refused(tmp_path):
-  train_lib.train(smoke(**{"rl.steps": 1, "checkpoint.export_hf": False}), str(tmp_path))
+  stages.train(smoke(**{"rl.steps": 1, "checkpoint.export_hf": False}), str(tmp_path))
   with pytest.raises(ValueError, match=r"another config .*model.hidden_size: 32 -> 48; rl.steps: 1 -> 2"):
-    train_lib.train(smoke(**{"rl.steps": 2, "model.hidden_size": 48}), str(tmp_path))
+    stages.train(smoke(**{"rl.steps": 2, "model.hidden_size": 48}), str(tmp_path))
   os.remove(tmp_path / "config.json")  # no contract (a folder the sweep seeds): the checkpoint's check
   with pytest.raises(ckpt_lib.CheckpointError, match="another model shape.*hidden_size: checkpoint 32 vs config 48"):
-    train_lib.train(smoke(**{"rl.steps": 2, "model.hidden_size": 48}), str(tmp_path))
+    stages.train(smoke(**{"rl.steps": 2, "model.hidden_size": 48}), str(tmp_path))
 
 
 @pytest.mark.slow
@@ -237,7 +240,7 @@ def test_qwen_config_trains_a_local_hf_folder(tmp_path):
   cfg.eval.update(num_per_task=1, samples=3, batch_prompts=8)
   cfg.mesh.update(data=1, fsdp=2)  # params over 2 devices; micro-batch slices of 4 prompts
   cfg.log.update(tensorboard=False, progress=False)
-  res = train_lib.train(cfg, str(tmp_path / "run"))
+  res = stages.train(cfg, str(tmp_path / "run"))
   assert res["steps"] == {"sft": 0, "rl": 1}
   model, _ = hf.load(str(tmp_path / "run" / "hf"))
   assert model.cfg.hidden_size == 64
@@ -255,7 +258,7 @@ def test_micro_batches_match_one_batch_exactly_when_slice_exact(algo):
   from dmpo_jax.training import steps
   from dmpo_jax.objectives import presets
   cfg = smoke()
-  model, _ = train_lib.build_model(cfg)
+  model, _ = run_lib.build_model(cfg)
   graphdef, state = nnx.split(model)
   P, G, LP, LT = 8, 4, 6, 5
   rng = np.random.default_rng(0)
@@ -288,11 +291,11 @@ def test_auto_micro_batches():
   eight = sharding.make_mesh({"data": 8}, jax.devices()[:8])
   dmpo, dph = presets.objective_config("dmpo"), presets.objective_config("dph_js")
   assert cfg.rl.micro_batches == 0  # auto by default
-  assert train_lib.micro_batches(cfg, dmpo, one) == 8  # one group per slice on a CPU
-  assert train_lib.micro_batches(cfg, dmpo, eight) == 1  # every slice must span the 8 devices
-  assert train_lib.micro_batches(cfg, dph, one) == 1  # token-mean divergence: slicing would change it
+  assert micro_batches(cfg, dmpo, one) == 8  # one group per slice on a CPU
+  assert micro_batches(cfg, dmpo, eight) == 1  # every slice must span the 8 devices
+  assert micro_batches(cfg, dph, one) == 1  # token-mean divergence: slicing would change it
   cfg.rl.micro_batches = 2
-  assert train_lib.micro_batches(cfg, dph, one) == 2  # an explicit value is kept
+  assert micro_batches(cfg, dph, one) == 2  # an explicit value is kept
 
 
 def test_frozen_vision_optimizer_has_no_tower_state_and_no_tower_update():
@@ -306,7 +309,7 @@ def test_frozen_vision_optimizer_has_no_tower_state_and_no_tower_update():
   sizes = lambda state: sum(np.size(x) for x in jax.tree.leaves(state))
   updates = {}
   for freeze in (False, True):
-    opt = train_lib.make_optimizer(1e-2, 5, 1, 1.0, freeze_vision=freeze)
+    opt = make_optimizer(1e-2, 5, 1, 1.0, freeze_vision=freeze)
     state = opt.init(params)
     updates[freeze] = [sizes(state)]
     for _ in range(2):  # the first step's warmup learning rate is 0
@@ -331,7 +334,7 @@ def test_optimizer_schedule_warmup_and_decay(warmup):
   starts at lr (RL: its first step is not wasted), warmup k starts at 0 and peaks at step k;
   all end at lr / 10 after steps_total."""
   import jax.numpy as jnp
-  opt = train_lib.make_optimizer(1.0, 10, warmup, 1e9)
+  opt = make_optimizer(1.0, 10, warmup, 1e9)
   params = {"w": jnp.zeros(())}
   state, rates = opt.init(params), []
   for _ in range(11):
@@ -345,7 +348,7 @@ def test_optimizer_schedule_warmup_and_decay(warmup):
 
 def test_task_keys_take_commas_or_plus_signs():
   from ml_collections import config_dict
-  keys = lambda s: train_lib.task_keys(config_dict.ConfigDict({"tasks": s}))
+  keys = lambda s: config_lib.task_keys(config_dict.ConfigDict({"tasks": s}))
   assert keys("TSP,knapsack") == keys("TSP+knapsack") == keys(" TSP , knapsack,") == ["TSP", "knapsack"]
   assert len(keys("all")) == 10
 
@@ -358,11 +361,11 @@ def test_vision_lr_scale_slows_only_the_tower():
   grads = {"model": {"visual": {"w": jnp.full((3,), 0.2)}, "language": {"w": jnp.full((2,), -0.1)}}}
   ups = {}
   for scale in (1.0, 0.1):
-    opt = train_lib.make_optimizer(1e-2, 5, 0, 1.0, vision_lr_scale=scale)
+    opt = make_optimizer(1e-2, 5, 0, 1.0, vision_lr_scale=scale)
     ups[scale], _ = opt.update(grads, opt.init(params), params)
   np.testing.assert_allclose(ups[0.1]["model"]["visual"]["w"], 0.1 * ups[1.0]["model"]["visual"]["w"],
                              rtol=1e-6)
   np.testing.assert_array_equal(ups[0.1]["model"]["language"]["w"], ups[1.0]["model"]["language"]["w"])
   assert np.abs(np.asarray(ups[1.0]["model"]["visual"]["w"])).min() > 0
   with pytest.raises(ValueError, match="vision_lr_scale=0 must be > 0"):
-    train_lib.make_optimizer(1e-2, 5, 0, 1.0, vision_lr_scale=0)
+    make_optimizer(1e-2, 5, 0, 1.0, vision_lr_scale=0)

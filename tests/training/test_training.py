@@ -272,15 +272,16 @@ def test_dph_with_a_pool_skips_every_row_that_draws_a_d_pef_instance():
 def test_dph_per_sample_weighting_scales_eta(tmp_path):
   import sys
   nphard = config_module("nphard")
-  from dmpo_jax import train as train_lib
+  from dmpo_jax.training import run as run_lib
+  from dmpo_jax.training import stages
   cfg = nphard.get_config("algo=dph_f")
-  base = train_lib.objective_from_config(cfg).div_coef
+  base = run_lib.objective_from_config(cfg).div_coef
   cfg.dph.weighting = "per_sample"
   share = cfg.dph.batch / (cfg.rl.prompts_per_step * cfg.rl.group_size)
-  assert train_lib.objective_from_config(cfg).div_coef == pytest.approx(base * share)
+  assert run_lib.objective_from_config(cfg).div_coef == pytest.approx(base * share)
   assert share != 1.0
   cfg.rl.algo = "grpo"  # no divergence: nothing to scale
-  assert train_lib.objective_from_config(cfg).div_coef == 0.0
+  assert run_lib.objective_from_config(cfg).div_coef == 0.0
 
 
 def smoke_config():
@@ -292,11 +293,12 @@ def smoke_config():
 
 def test_log_term_grads_interval():
   from ml_collections import config_dict
-  from dmpo_jax import train as train_lib
-  every = lambda v: train_lib.term_grads_every(config_dict.ConfigDict({"rl": {"log_term_grads": v}}))
+  from dmpo_jax.training import run as run_lib
+  from dmpo_jax.training import stages
+  every = lambda v: stages.term_grads_every(config_dict.ConfigDict({"rl": {"log_term_grads": v}}))
   assert (every(False), every(True), every(4)) == (0, 1, 4)
   # declared in configs/ (no default in code): 0, never
-  assert train_lib.term_grads_every(smoke_config()) == 0
+  assert stages.term_grads_every(smoke_config()) == 0
   for bad in (-1, 2.5, "4"):
     with pytest.raises(ValueError, match="log_term_grads"):
       every(bad)

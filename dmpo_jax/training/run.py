@@ -1,0 +1,321 @@
+"""The run context of a training job: the config checked, the model built, its shardings,
+optimizers, data stream, prompt encoder, checkpointer and writers (`Run`), and `setup`, which
+makes one and restores the workdir's latest usable checkpoint. The stages (stages.py) read
+everything they share from it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from dmpo_jax import multimodal, sampling
+from dmpo_jax import tasks as tasks_lib
+from dmpo_jax.models import hf, tokenizer as tok_lib
+from dmpo_jax.models.config import ModelConfig
+from dmpo_jax.objectives import flowrl, presets
+from dmpo_jax.parallel import distributed as dist
+from dmpo_jax.parallel import sharding
+from dmpo_jax.sampling import sampler as sampler_lib
+from dmpo_jax.tasks import rewards as rewards_lib
+from dmpo_jax.training import checkpoint as ckpt_lib
+from dmpo_jax.training import config as config_lib
+from dmpo_jax.training import evaluation, instances, pipeline, report
+from dmpo_jax.training import points as eval_points
+from dmpo_jax.training.config import check_config, task_keys
+from dmpo_jax.training.state import LOG_Z_SEED_OFFSET, TrainState, checkpoint_meta
+from dmpo_jax.training.update import make_optimizer
+
+
+EVAL_KEYS = ("per_task", "categories", "overall", "solved")  # an eval_*.json that lacks one is damaged
+
+
+class TrainingError(RuntimeError):
+  """The run cannot continue; the message says why (the last good checkpoint is intact)."""
+
+
+# ---------------------------------------------------------------------------
+def freeze_vision(cfg, stage: str, vl_cfg) -> bool:
+  """config.<stage>.freeze_vision (True: the tower is not trained, gets no gradient, no update
+  and no optimizer state); False for a text model (vl_cfg None)."""
+  return vl_cfg is not None and bool(cfg[stage].freeze_vision)
+
+
+def vision_optimizer_opts(cfg, stage: str, vl_cfg) -> dict:
+  """make_optimizer's tower options of a stage: freeze_vision, and config.<stage>.
+  vision_lr_scale (checked in check_config) for a trained tower; none for a text model."""
+  if vl_cfg is None:
+    return {}
+  return {"freeze_vision": freeze_vision(cfg, stage, vl_cfg),
+          "vision_lr_scale": float(cfg[stage].vision_lr_scale)}
+
+
+# ---------------------------------------------------------------------------
+# The objective of a config (its checks: training/config.py).
+def objective_from_config(cfg) -> presets.ObjectiveConfig:
+  """The preset's objective with config.rl.objective's overrides. With
+  config.dph.weighting = "per_sample", eta is scaled by dph.batch / (prompts x group), so that a
+  rehearsed D_pef response weighs eta times one RL sample (docs/METHODS.md, DPH-RL)."""
+  overrides = {k: v for k, v in cfg.rl.objective.items() if v is not None}
+  obj = presets.objective_config(cfg.rl.algo, **overrides)
+  if obj.divergence is not None and cfg.dph.weighting == "per_sample":
+    share = cfg.dph.batch / (cfg.rl.prompts_per_step * cfg.rl.group_size)
+    obj = dataclasses.replace(obj, div_coef=obj.div_coef * share)
+  return obj
+
+
+def build_model(cfg):
+  """(model, tokenizer) from scratch (task tokenizer) or from a local HF folder. A
+  vision-language model (config.model.vision from scratch, a Qwen2.5-VL folder) comes with
+  its processor (`VLProcessor`) in place of the tokenizer."""
+  m = cfg.model
+  if m.init == "scratch" and m.get("vision"):
+    return multimodal.build_vlm(cfg)
+  if m.init == "scratch":
+    tok = tok_lib.load(m.tokenizer) if m.tokenizer else tok_lib.build()
+    vocab = -(-len(tok) // 8) * 8
+    mcfg = ModelConfig(vocab_size=vocab, hidden_size=m.hidden_size,
+                       intermediate_size=m.intermediate_size, num_layers=m.num_layers,
+                       num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+                       rope_theta=m.rope_theta, dtype=m.dtype, param_dtype=m.param_dtype,
+                       max_position_embeddings=m.max_prompt_len + m.max_new_tokens,
+                       architecture="llama", remat=m.remat)
+    from dmpo_jax.models.transformer import Transformer
+    return Transformer(mcfg, rngs=nnx.Rngs(cfg.seed)), tok
+  model, tok = hf.load(m.init, dtype=m.dtype, param_dtype=m.param_dtype)
+  if m.tokenizer and not multimodal.is_vlm(model):
+    tok = tok_lib.load(m.tokenizer)
+  if tok is None:
+    raise ValueError(f"config.model.init={m.init!r} has no tokenizer files; set config.model.tokenizer")
+  if m.remat and multimodal.is_vlm(model):
+    model.language.cfg = model.language.cfg.replace(remat=True)
+  elif m.remat:
+    model.cfg = model.cfg.replace(remat=True)  # read when the forward is traced
+  return model, tok
+
+
+def model_shape(model) -> dict:
+  c = model.cfg.text if multimodal.is_vlm(model) else model.cfg
+  return {k: getattr(c, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                     "num_heads", "num_kv_heads", "head_dim")}
+
+
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class Run:
+  """What the stages share: config, objective, data, model graph, mesh shardings, outputs."""
+  cfg: Any
+  workdir: str
+  obj: presets.ObjectiveConfig
+  mesh: Any
+  taskset: pipeline.TaskSet
+  reward_cfg: rewards_lib.RewardConfig
+  tok: Any
+  encoder: pipeline.PromptEncoder
+  graphdef: Any
+  model_shape: dict
+  p_sh: Any            # params' shardings
+  o_sh: Any            # optimizer state's
+  data_sh: Any         # batch rows over the mesh's data x fsdp axes (a prefix for every leaf)
+  rep: Any             # replicated
+  sft_opt: Any
+  rl_opt: Any
+  ckpt: ckpt_lib.Checkpointer
+  vl_cfg: Any = None   # a vision-language policy's VLConfig (None: a text model)
+  processor: Any = None  # its VLProcessor (saved with the HF export)
+  writer: Any = None
+  progress: Any = None
+  times: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
+      ("sft", "rollout", "reward", "update", "eval", "dph"), 0.0))
+  _eval: Any = None    # (sampler, instances, ground truths) of the held-out evaluation
+
+  @property
+  def prompt_len(self) -> int:
+    return self.cfg.model.max_prompt_len
+
+  @property
+  def completion_len(self) -> int:
+    return self.cfg.model.max_new_tokens
+
+  def init_opt(self, opt, params):
+    """Optimizer state on the mesh: moments sharded like their params, counts replicated;
+    its shardings become `o_sh` (SFT's and RL's optimizers can differ in structure)."""
+    state, self.o_sh = sharding.init_opt_state(opt, params, self.p_sh, self.mesh)
+    return state
+
+  def sampling_config(self, num_samples: int, temperature: float, top_p: float = 1.0):
+    return sampler_lib.SamplingConfig(max_new_tokens=self.completion_len, num_samples=num_samples,
+                                      temperature=temperature, top_p=top_p,
+                                      eos_id=self.tok.eos_token_id, pad_id=self.encoder.pad,
+                                      stop_ids=self.encoder.stop_ids)
+
+  def sampler(self, scfg):
+    return sampling.make_sampler(self.graphdef, scfg, self.p_sh, self.data_sh, self.rep)
+
+  def vision_opts(self, stage: str) -> dict:
+    """The step's vision-tower option (`freeze_vision`); nothing for a text model."""
+    if self.vl_cfg is None:
+      return {}
+    return {"freeze_vision": freeze_vision(self.cfg, stage, self.vl_cfg)}
+
+  def images(self, items, prompt_tokens, prompt_mask, encoder=None):
+    """A vision-language policy's image inputs of padded prompts (`qwen2_5_vl.prompt_images`;
+    None entries for a text encoder's prompts), at config.image.patch_budget; None for a
+    text model."""
+    if self.vl_cfg is None:
+      return None
+    return multimodal.image_inputs(self.vl_cfg, encoder or self.encoder, items, prompt_tokens,
+                                   prompt_mask, self.cfg.image.patch_budget)
+
+  def timed(self, name: str, fn, *args):
+    t0 = time.time()
+    out = fn(*args)
+    self.times[name] += time.time() - t0
+    return out
+
+  def save(self, state: TrainState, stage: str) -> None:
+    state.counters["times"] = self.times
+    self.ckpt.save(state.step, state.params, state.opt_state,
+                   checkpoint_meta(state, stage, self.cfg, self.model_shape))
+
+  def maybe_stop(self, state: TrainState, stage: str, stop) -> bool:
+    """On a signal or at config.stop_at_step: save and report True (all processes agree)."""
+    if not dist.agree(stop.received is not None or state.step == self.cfg.stop_at_step):
+      return False
+    stop.received = stop.received or f"config.stop_at_step={self.cfg.stop_at_step}"
+    self.save(state, stage)
+    print(f"\n{stop.received}: saved checkpoint at step {state.step}; rerun the same command to "
+          "resume", flush=True)
+    return True
+
+  def close_stopped(self, state: TrainState) -> dict:
+    if self.progress:
+      self.progress.close()
+    self.writer.close()
+    self.ckpt.close()
+    return {"stopped": True, "step": state.step}
+
+  def evaluate(self, name: str, state: TrainState) -> dict:
+    """eval_{name}.json: held-out instances sampled at config.eval's settings (a finished
+    evaluation is read back, not redone)."""
+    path = os.path.join(self.workdir, f"eval_{name}.json")
+    if dist.agree(os.path.exists(path)):  # every process takes the same branch
+      res, why = report.read_result(path, EVAL_KEYS)
+      if res is not None:
+        return res
+      print(f"warning: {path} is damaged ({why}); evaluating again", flush=True)
+    cfg = self.cfg
+    if self._eval is None:  # one sampler (one compilation) and one instance set for both
+      items = self.taskset.held_out(cfg.eval.num_per_task)
+      self._eval = (self.sampler(self.sampling_config(cfg.eval.samples, cfg.eval.temperature)),
+                    items, [tasks_lib.get(k).reference_value(q) for k, q in items])
+    sampler, items, ground_truths = self._eval
+    run = lambda encoder, prompt_len, images: evaluation.evaluate(
+        lambda pt, pm, rng, *im: sampler(state.params, pt, pm, rng, *im)[:2], encoder, items,
+        samples=cfg.eval.samples, k=cfg.eval.k, pass_ks=tuple(cfg.eval.pass_ks),
+        rng=state.eval_key(), batch_prompts=cfg.eval.batch_prompts, prompt_len=prompt_len,
+        reward_cfg=self.reward_cfg, ground_truths=ground_truths, progress=cfg.log.progress,
+        collapse=self.taskset.collapse, images=images)
+    if self.vl_cfg is None:
+      res = run(self.encoder, self.prompt_len, None)
+    else:  # every modality on the same instances; the first one is the run's result
+      res = multimodal.evaluate_modalities(run, self.encoder, items, cfg.eval.get(
+          "modalities", multimodal.default_modalities(self.encoder)), self.images, self.prompt_len)
+    if dist.is_main():
+      report.write_json(res, path)
+    return res
+
+  def sft_end_state(self, state: TrainState) -> TrainState:
+    """The state whose policy "before RL" evaluates: `state` at the end of SFT; past it (a
+    resume whose eval_before.json is damaged), the params of the checkpoint at sft.steps."""
+    path = os.path.join(self.workdir, "eval_before.json")
+    sft_end = self.cfg.sft.steps
+    if state.step <= sft_end or report.read_result(path, EVAL_KEYS)[0] is not None:
+      return state
+    if sft_end not in self.ckpt.mngr.all_steps():
+      raise TrainingError(f"{path} is missing or damaged and the policy it scores (checkpoint "
+                          f"{sft_end}, the end of SFT) is no longer kept; restore the file or "
+                          "train in another --workdir")
+    params, _ = self.ckpt.restore_params(sft_end, state.params, self.model_shape)
+    return dataclasses.replace(state, params=params)
+
+  def log(self, state: TrainState, stage: str, row: dict, last: int, progress: dict) -> None:
+    """A metrics row every config.log.every steps and at the stage's last; the progress bar."""
+    if state.step % self.cfg.log.every == 0 or state.step == last:
+      self.writer.write(state.step, stage, row)
+    if self.progress:
+      self.progress.update(1)
+      self.progress.set_postfix(**progress)
+
+
+def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
+  """Check the config (and, for an existing workdir, that it is the workdir's: its config.json,
+  `config_lib.check_resume`), build mesh, data, model and optimizers; restore the workdir's
+  newest complete checkpoint if there is one. Nothing is written before the checks pass."""
+  config_lib.check_fields(cfg)  # before the objective and the mesh read the fields
+  obj = objective_from_config(cfg)
+  mesh = sharding.make_mesh(dict(cfg.mesh))
+  check_config(cfg, obj, mesh)
+  write_config = config_lib.check_resume(cfg, workdir, allow_config_change)
+  eval_points.check_config(cfg)
+  taskset = instances.taskset_from_config(cfg, task_keys(cfg))
+  reward_cfg = rewards_lib.RewardConfig(**dict(cfg.rl.reward))
+
+  model, tok = build_model(cfg)
+  processor, vl_cfg = (tok, model.cfg) if multimodal.is_vlm(model) else (None, None)
+  encoder = multimodal.make_run_encoder(cfg, tok, processor)
+  tok = encoder.tok
+  graphdef, model_state = nnx.split(model)
+  params = {"model": model_state}
+  if presets.needs_log_z(obj):
+    params["log_z"] = flowrl.init_log_z_head(jax.random.key(cfg.seed + LOG_Z_SEED_OFFSET),
+                                             model_shape(model)["hidden_size"])
+  rep = sharding.replicated(mesh)
+  p_sh = {"model": sharding.param_shardings(model_state, mesh)}
+  if "log_z" in params:
+    p_sh["log_z"] = jax.tree.map(lambda _: rep, params["log_z"])
+  params = jax.tree.map(lambda x, s: dist.to_global(np.asarray(x), s), params, p_sh)
+
+  os.makedirs(workdir, exist_ok=True)  # every check passed: from here on the workdir is written
+  run = Run(cfg=cfg, workdir=workdir, obj=obj, mesh=mesh, taskset=taskset, reward_cfg=reward_cfg,
+            tok=tok, encoder=encoder, graphdef=graphdef, model_shape=model_shape(model), p_sh=p_sh,
+            o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
+            sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0,
+                                   **vision_optimizer_opts(cfg, "sft", vl_cfg)),
+            rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 0, cfg.rl.max_grad_norm,
+                                  **vision_optimizer_opts(cfg, "rl", vl_cfg)),
+            ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep),
+            vl_cfg=vl_cfg, processor=processor)
+  latest = run.ckpt.usable_step(set_aside=dist.is_main())  # damaged newer steps: moved aside
+  # The optimizer of the stage the run is in (a checkpoint at step sft.steps is SFT's; the
+  # two can differ in structure when one stage freezes the vision tower).
+  in_sft = cfg.sft.steps and (latest is None or latest <= cfg.sft.steps)
+  opt_state = run.init_opt(run.sft_opt if in_sft else run.rl_opt, params)
+  state = TrainState(params=params, opt_state=opt_state, step=0, key=jax.random.key(cfg.seed))
+
+  if latest is not None:
+    params, opt_state, meta = run.ckpt.restore(latest, params, opt_state, run.model_shape)
+    if meta["seed"] != cfg.seed:
+      raise TrainingError(f"{workdir} holds a run with seed {meta['seed']}, config has {cfg.seed}")
+    state = dataclasses.replace(state, params=params, opt_state=opt_state, step=meta["step"],
+                                counters=meta["counters"])
+    print(f"resumed {workdir} at step {state.step} ({meta['stage']})", flush=True)
+  if write_config and dist.is_main():  # the contract, once the checkpoint is known to fit
+    report.write_json(config_lib.config_json(cfg), os.path.join(workdir, "config.json"))
+  run.times.update(state.counters.get("times", {}))
+  run.writer = (report.MetricsWriter(workdir, cfg.log.tensorboard,
+                                     resume_step=state.step if latest is not None else None)
+                if dist.is_main() else report.NullWriter(workdir))
+  if cfg.log.progress and dist.is_main():
+    from tqdm import tqdm
+    run.progress = tqdm(total=cfg.sft.steps + cfg.rl.steps, initial=state.step, desc="train",
+                        unit="step", dynamic_ncols=True)
+  return run, state
+
+
+# ---------------------------------------------------------------------------

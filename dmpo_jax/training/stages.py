@@ -1,0 +1,295 @@
+"""The stages of a training job, top to bottom: setup -> SFT -> evaluation before RL -> DPH
+pre-sampling (dph_* presets) -> RL -> evaluation after RL -> results, plots, HF export.
+
+`train(cfg, workdir)` runs them; one RL step is `collect_rollouts` then `update`
+(docs/ARCHITECTURE.md follows it). Every stage resumes from the workdir: checkpoints hold the
+train state (params, optimizer state, step, PRNG key, counters; the data position is the step)
+and, for objectives that read one, the reference policy; finished evaluations and the DPH
+store are files. SIGINT/SIGTERM save a checkpoint and exit cleanly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from dmpo_jax import multimodal, sampling
+from dmpo_jax import tasks as tasks_lib
+from dmpo_jax.models import hf
+from dmpo_jax.objectives import presets
+from dmpo_jax.parallel import distributed as dist
+from dmpo_jax.parallel import sharding
+from dmpo_jax.tasks import diversity
+from dmpo_jax.training import checkpoint as ckpt_lib
+from dmpo_jax.training import dph, evaluation, pipeline, report, steps
+from dmpo_jax.training import points as eval_points
+from dmpo_jax.training.rollout import collect_rollouts
+from dmpo_jax.training.run import Run, TrainingError, setup
+from dmpo_jax.training.state import TrainState
+from dmpo_jax.training.update import micro_batches, update
+
+
+def train(cfg, workdir: str, allow_config_change=()) -> dict:
+  """Run every stage; returns the results dict (also written to workdir/results.json), or
+  {"stopped": True, "step": ...} when a signal or config.stop_at_step ended the run early.
+  allow_config_change: fields (of config_lib.SAFE_TO_CHANGE) a resume may change."""
+  t_start = time.time()
+  run, state = setup(cfg, workdir, allow_config_change)
+  with ckpt_lib.StopSignal() as stop:
+    state, stopped = sft_stage(run, state, stop)
+    if stopped:
+      return run.close_stopped(state)
+    before = run.timed("eval", run.evaluate, "before", run.sft_end_state(state))
+    if cfg.rl.steps and state.step == cfg.sft.steps:  # a fresh optimizer for RL
+      state = dataclasses.replace(state, opt_state=run.init_opt(run.rl_opt, state.params))
+    state, stopped = rl_stage(run, state, stop)
+    if stopped:
+      return run.close_stopped(state)
+  return finish(run, state, before, t_start)
+
+
+def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
+  """Supervised warm start on heuristic solutions; returns (state, stopped)."""
+  cfg = run.cfg
+  if state.step >= cfg.sft.steps:
+    return state, False
+  sft_step = steps.make_sft_step(run.graphdef, run.sft_opt, run.prompt_len, **run.vision_opts("sft"),
+                                 shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep))
+  with multimodal.Prefetch(run.encoder) as prefetch:  # image prompts: the next step's renders
+    while state.step < cfg.sft.steps:
+      t0 = time.time()
+      prefetch.wait()
+      batch = sft_batch(run, state.step)
+      if state.step + 1 < cfg.sft.steps:
+        n = cfg.sft.batch_size // cfg.sft.solutions_per_instance
+        prefetch.warm(lambda s=state.step + 1: run.taskset.train("sft", s, n))
+      state, m = update(state, dist.tree_to_global(batch, run.data_sh), sft_step)
+      run.times["sft"] += time.time() - t0
+      run.log(state, "sft", {"loss": m["loss"], "grad_norm": m["grad_norm"]}, cfg.sft.steps,
+              {"stage": "sft", "loss": f"{float(m['loss']):.3f}"})
+      if state.step % cfg.checkpoint.every == 0 or state.step == cfg.sft.steps:
+        run.save(state, "sft")
+      if run.maybe_stop(state, "sft", stop):
+        return state, True
+  return state, False
+
+
+def sft_batch(run: Run, step: int) -> dict:
+  """Prompts with `solutions_per_instance` answers each (host arrays): heuristic solutions
+  (config.sft.targets "sampled", the default) or optimal ones drawn uniformly from the
+  instance's enumerated optima ("optimal"; config.collapse's limit and time limit)."""
+  cfg = run.cfg
+  per = cfg.sft.solutions_per_instance
+  optimal = cfg.sft.targets == "optimal"
+  c = run.taskset.collapse or pipeline.Collapse()
+  prompts, answers = [], []
+  items = run.taskset.train("sft", step, cfg.sft.batch_size // per)
+  for key, q in items:
+    task = tasks_lib.get(key)
+    sols = (task.sample_optimal_solutions(q, per, seed=step, limit=c.limit, time_limit=c.time_limit)
+            if optimal else task.sample_solutions(q, per, seed=step))
+    if not sols:
+      raise TrainingError(f"config.sft.targets='optimal': {key} instance at SFT step {step} has no "
+                          "solution to train on (config.collapse.min_optima=0 admits such instances)")
+    sols = (sols * per)[:per]  # fewer distinct ones than asked: repeat
+    ids = run.encoder.encode(key, q)
+    for s in sols:
+      prompts.append(ids)
+      answers.append(run.encoder.answer_ids(key, s))
+  pt, pm = sampling.pad_prompts(prompts, run.prompt_len, run.encoder.pad)
+  at, am = pipeline.pad_right(answers, run.completion_len, run.encoder.pad)
+  seqs = {"tokens": np.concatenate([pt, at], 1), "prompt_mask": pm}
+  if run.vl_cfg is not None:
+    # One image input per instance (the tower once for its `per` adjacent rows) when the
+    # instances split over the mesh's batch rows, else one per row.
+    g = per if len(items) % sharding.batch_rows(run.mesh) == 0 else 1
+    seqs["images"] = run.images([it for it in items for _ in range(per // g)], pt[::g], pm[::g])
+  return {"seqs": seqs, "mask": am}
+
+
+# ---------------------------------------------------------------------------
+def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
+  """DPH pre-sampling (dph_* presets), then RL steps; returns (state, stopped)."""
+  cfg, obj = run.cfg, run.obj
+  rl_sampler = run.sampler(run.sampling_config(cfg.rl.group_size, cfg.rl.temperature, cfg.rl.top_p))
+  logprob_eval = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
+                                         shardings=(run.p_sh, run.data_sh, None))
+  store, dph_images = None, None
+  if presets.needs_dph_store(obj) and cfg.rl.steps:
+    dph_sampler = run.sampler(run.sampling_config(cfg.dph.samples, cfg.rl.temperature, cfg.rl.top_p))
+    store = run.timed("dph", dph.presample, cfg, run.workdir, run.taskset, run.encoder, dph_sampler,
+                      logprob_eval, state.params, state, run.reward_cfg,
+                      None if run.vl_cfg is None else run.images)
+    dph_images = dph_image_fn(run, store)
+  total = cfg.sft.steps + cfg.rl.steps
+  if state.step >= total:
+    return state, False
+  every = term_grads_every(cfg)
+  rl_update, rl_update_terms = (
+      steps.make_rl_step(run.graphdef, obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
+                         shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep),
+                         micro_batches=micro_batches(cfg, obj, run.mesh), term_grads=terms,
+                         **run.vision_opts("rl"))
+      for terms in (False, True))
+  if presets.needs_reference(obj):
+    state = dataclasses.replace(state, reference=reference_policy(run.ckpt, state, cfg.sft.steps))
+  reference = state.reference
+  ref_fn = (lambda seqs: logprob_eval(reference, seqs)) if reference is not None else None
+  # Evaluation points along RL (config.eval.points): they read the policy at the start of RL.
+  points = eval_points.Points(run, reference if reference is not None or not cfg.eval.get("points") else
+                              reference_policy(run.ckpt, state, cfg.sft.steps))
+  points.maybe(state)
+  consecutive, first_rl = 0, state.step
+  traces0 = {k: steps.TRACES[k] for k in ("rl_update", "rl_update_terms")}
+  with multimodal.Prefetch(run.encoder) as prefetch:  # image prompts: the next step's renders
+    while state.step < total:
+      prefetch.wait()
+      rl_step = state.step - cfg.sft.steps
+      items = dph.rl_items(store, run.taskset, rl_step, cfg.rl.prompts_per_step)
+      rollouts = collect_rollouts(
+          rl_sampler, state.params, items, run.encoder, key=state.rl_key(),
+          group_size=cfg.rl.group_size, chunks=cfg.rl.rollout_chunks, reward_cfg=run.reward_cfg,
+          objective=obj, prompt_len=run.prompt_len, completion_len=run.completion_len,
+          data_sh=run.data_sh, ref_fn=ref_fn, collapse=run.taskset.collapse, rl_step=rl_step,
+          shaping_state=shaping_state(state, obj),
+          **({} if run.vl_cfg is None else {"images": lambda pt, pm: run.images(items, pt, pm)}))
+      batch = rollouts.batch(run.data_sh)
+      batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch, dph_images),
+                                       run.data_sh))
+      if state.step + 1 < total:
+        prefetch.warm(lambda s=rl_step + 1: dph.rl_items(store, run.taskset, s, cfg.rl.prompts_per_step))
+      t2 = time.time()
+      state, m = update(state, batch, rl_update_terms if every and rl_step % every == 0 else rl_update)
+      update_s = time.time() - t2
+      run.times["rollout"] += rollouts.sample_s
+      run.times["reward"] += rollouts.score_s
+      run.times["update"] += update_s
+      traces = max(steps.TRACES[k] - n for k, n in traces0.items())
+      if cfg.rl.check_recompile and state.step - first_rl >= 2 and traces > 1:
+        raise TrainingError(f"the RL update recompiled ({traces} traces); batch shapes must stay fixed")
+      consecutive = consecutive + 1 if int(m["skipped"]) else 0
+      if consecutive >= cfg.rl.nonfinite_patience:
+        raise TrainingError(
+            f"{consecutive} non-finite losses in a row (at step {state.step}); stopping. The last "
+            f"good checkpoint ({run.ckpt.latest_step()}) is intact. Lower config.rl.lr or check rewards.")
+      row = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
+      row.update(rollouts.metrics(), rollout_s=rollouts.sample_s, reward_s=rollouts.score_s,
+                 update_s=update_s)
+      run.log(state, "rl", row, total, {"stage": f"rl/{obj.policy_loss}",
+                                        "reward": f"{row['reward_mean']:.3f}",
+                                        "qr": f"{row['qr_mean']:.3f}", "distinct": f"{row['distinct']:.2f}"})
+      if state.step % cfg.checkpoint.every == 0 or state.step == total:
+        run.save(state, "rl")
+      points.maybe(state)
+      if run.maybe_stop(state, "rl", stop):
+        return state, True
+  return state, False
+
+
+def shaping_state(state: TrainState, obj: presets.ObjectiveConfig) -> dict | None:
+  """A host reward-shaping term's state (outcome_ucb's counts): kept in the train state's
+  counters, so every checkpoint saves it and a resume restores it exactly; None without one."""
+  if not presets.needs_host_state(obj):
+    return None
+  return state.counters.setdefault("shaping", {})
+
+
+def dph_image_fn(run: Run, store):
+  """A vision-language policy's images of stored D_pef rows for `dph.batch_part`: the rows'
+  instances rebuilt once from the store's pef_index, their images re-rendered per step
+  (the render cache makes that cheap; the store holds no pixels). None for a text model
+  or an empty store."""
+  if run.vl_cfg is None or not len(store["pef_tokens"]):
+    return None
+  items = dph.prompt_items(store, run.taskset, run.encoder, run.cfg.rl.prompts_per_step)
+  return lambda rows, pt, pm: run.images([items[r] for r in rows], pt, pm)
+
+
+def term_grads_every(cfg) -> int:
+  """config.rl.log_term_grads -> log the terms' gradient norms every this many RL steps (0:
+  never). False: never; True: every step; N: every N-th step (the others skip the two extra
+  backward passes of `steps.term_gradients`)."""
+  v = cfg.rl.log_term_grads
+  if isinstance(v, bool):
+    return int(v)
+  if not isinstance(v, int) or v < 0:
+    raise ValueError(f"config.rl.log_term_grads={v!r}; use False, True or a step interval N >= 1")
+  return v
+
+
+def reference_policy(ckpt: ckpt_lib.Checkpointer, state: TrainState, rl_start: int):
+  """The policy at the start of RL, which KL terms and FlowRL read: restored from the
+  checkpoint's reference item on resume, else a copy of the params saved as that item
+  (written once, outside the rotation of step checkpoints)."""
+  if dist.agree(ckpt.has_reference()):  # every process takes the same branch
+    return ckpt.restore_reference(state.params)
+  if state.step > rl_start:
+    print(f"warning: {ckpt.reference_path} is missing (a run from before it was saved); "
+          "the reference policy is the resumed one, so this run is not exact", flush=True)
+  ref = jax.tree.map(jax.numpy.copy, state.params)
+  ckpt.save_reference(ref)
+  return ref
+
+
+# ---------------------------------------------------------------------------
+def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
+  """Evaluation after RL, results.json, plots, the HF export and the printed table."""
+  cfg = run.cfg
+  if run.progress:
+    run.progress.close()
+  run.writer.close()
+  after = run.timed("eval", run.evaluate, "after", state)
+  keep = {k: tasks_lib.scoring.keep_and_exploration(before["solved"][k], after["solved"][k])
+          for k in after["solved"]}
+  keep_collapse = collapse_keep_exploration(cfg, before, after)
+  results = {"before": {k: before[k] for k in ("per_task", "categories", "overall")},
+             "after": {k: after[k] for k in ("per_task", "categories", "overall")},
+             "keep_exploration": keep, **keep_collapse, "times_s": run.times,
+             "steps": {"sft": cfg.sft.steps, "rl": cfg.rl.steps}, "algo": cfg.rl.algo,
+             "seed": cfg.seed, "nonfinite_steps": state.counters["nonfinite_total"],
+             "wall_s": time.time() - t_start}
+  if "modalities" in after:  # a vision-language policy: every modality, before and after RL
+    results["modalities"] = {"before": before.get("modalities"), "after": after["modalities"]}
+  export = dist.tree_to_host(state.params["model"]) if cfg.checkpoint.export_hf else None  # all processes
+  if dist.is_main():  # files are written once: the results first, so nothing after loses them
+    report.write_json(results, os.path.join(run.workdir, "results.json"))
+    if export is not None:
+      hf.save(nnx.merge(run.graphdef, export), run.processor or run.tok,
+              os.path.join(run.workdir, "hf"))
+    if cfg.log.plots:
+      report.plot_or_warn(report.plot_training, report.read_metrics(run.writer.path),
+                          os.path.join(run.workdir, "training.png"))
+      report.plot_or_warn(report.plot_before_after, before, after,
+                          os.path.join(run.workdir, "before_after.png"))
+  run.ckpt.close()
+  table = evaluation.format_table(after, before)
+  if not dist.is_main():
+    return results
+  print(f"\n{cfg.rl.algo}, seed {cfg.seed}: before RL -> after RL (held-out {cfg.level} instances, "
+        f"{cfg.eval.samples} samples at T={cfg.eval.temperature})")
+  print(table)
+  if "modalities" in after:
+    print(f"\nafter RL, the same instances by modality (table above: {after['modality']}; "
+          "blank = the image replaced by a white one):")
+    print(multimodal.format_modalities(after))
+  print("time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in run.times.items()) +
+        f"; outputs in {run.workdir}")
+  return results
+
+
+def collapse_keep_exploration(cfg, before: dict, after: dict) -> dict:
+  """With the collapse config: {"keep_exploration_collapse": {correct: {task: rates}}}, DPH-RL's
+  keep / exploration split by the before-RL policy's pass@collapse.keep_k, for each notion of
+  correct in collapse.correct ("feasible", "optimal"); {} otherwise or with too few samples."""
+  keep_k = int(cfg.collapse.keep_k) if "collapse" in cfg else 0
+  if not ("correct" in after and "correct" in before) or cfg.eval.samples < keep_k:
+    return {}
+  names = [n for n in cfg.collapse.correct if n in after["correct"]]
+  return {"keep_exploration_collapse": {
+      n: {t: diversity.keep_and_exploration(before["correct"][n][t], after["correct"][n][t], k=keep_k)
+          for t in after["correct"][n]} for n in names}}
