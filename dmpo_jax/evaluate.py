@@ -52,6 +52,7 @@ from absl import app, flags, logging
 from flax import nnx
 from ml_collections import config_dict
 
+from dmpo_jax.models import build as model_build
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
 from dmpo_jax.training import evaluation, pipeline, report
@@ -136,7 +137,7 @@ def load_policy():
   if saved is None:
     raise app.UsageError(f"{FLAGS.workdir} is not a training workdir (no config.json)")
   cfg = config_dict.ConfigDict(saved)
-  model, tok = run_lib.build_model(cfg)
+  model, tok = model_build.build(cfg)
   graphdef, state = nnx.split(model)
   if not os.path.isdir(os.path.join(FLAGS.workdir, "checkpoints")):
     raise app.UsageError(f"{FLAGS.workdir} has no checkpoint yet")
@@ -149,7 +150,7 @@ def load_policy():
   if presets.needs_log_z(obj):
     from dmpo_jax.objectives import flowrl
     params["log_z"] = flowrl.init_log_z_head(jax.random.key(0), model.cfg.hidden_size)
-  params, meta = ck.restore_params(step, params, run_lib.model_shape(model))
+  params, meta = ck.restore_params(step, params, model_build.shape(model))
   print(f"loaded {FLAGS.workdir} step {step} ({meta['stage']})")
   image = cfg.get("image") or {}
   return graphdef, params["model"], tok, {

@@ -24,14 +24,11 @@ import hashlib
 import json
 import time
 
+from dmpo_jax.models import build as model_build
 from dmpo_jax.training import pipeline
 from dmpo_jax import tasks as tasks_lib
 
-MARKERS = ("<|vision_start|>", "<|vision_end|>")  # around the image span, when the tokenizer has them
-
-
-def is_vlm(model) -> bool:
-  return hasattr(model, "visual")
+MARKERS = model_build.VISION_MARKERS  # around the image span, when the tokenizer has them
 
 
 def instance_key(key: str, q: dict) -> str:
@@ -118,53 +115,6 @@ class ImagePromptEncoder(pipeline.PromptEncoder):
     """The same encoder with every image replaced by a blank one of the same size."""
     return ImagePromptEncoder(self.processor, self.style, self.max_len, self.chat, cache=self.cache,
                               blank=True)
-
-
-def build_vlm(cfg):
-  """(model, processor) of a from-scratch Qwen2.5-VL (`vlm_config`), initialised from config.seed."""
-  from flax import nnx
-
-  from dmpo_jax.models.qwen2_5_vl import Qwen2_5_VL
-  vlcfg, processor = vlm_config(cfg)
-  return Qwen2_5_VL(vlcfg, rngs=nnx.Rngs(cfg.seed)), processor
-
-
-def vlm_config(cfg):
-  """(VLConfig, processor) of a from-scratch Qwen2.5-VL from config.model (its `vision` block
-  and the text sizes) and config.image (the processor's pixel range): the task tokenizer
-  with the image markers, an image processor of its own, and the tower's patch geometry."""
-  from dmpo_jax.models import tokenizer as tok_lib
-  from dmpo_jax.models.config import ModelConfig
-  from dmpo_jax.models.qwen2_5_vl import VLConfig
-  from dmpo_jax.models.vision import VisionConfig
-  from dmpo_jax.models.vl_processor import IMAGE_TOKEN, VLProcessor, build_image_processor
-
-  m, im = cfg.model, cfg.image
-  tok = tok_lib.build(vision=True)
-  vocab = -(-len(tok) // 8) * 8
-  section = tuple(int(s) for s in m.mrope_section)
-  head_dim = m.head_dim or m.hidden_size // m.num_heads
-  if len(section) != 3 or 2 * sum(section) != head_dim:
-    raise ValueError(f"config.model.mrope_section={section}: three sections summing to "
-                     f"head_dim / 2 = {head_dim // 2}")
-  text = ModelConfig(vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-                     num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
-                     head_dim=m.head_dim, rope_theta=m.rope_theta, dtype=m.dtype,
-                     param_dtype=m.param_dtype, qkv_bias=True, architecture="qwen2",
-                     max_position_embeddings=m.max_prompt_len + m.max_new_tokens,
-                     mrope_section=section, remat=m.remat)
-  v = dict(m.vision)
-  v["fullatt_block_indexes"] = tuple(v.get("fullatt_block_indexes", ()))
-  try:
-    vision = VisionConfig(out_hidden_size=m.hidden_size, dtype=m.dtype, param_dtype=m.param_dtype,
-                          **v)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"config.model.vision: {e}") from e
-  vlcfg = VLConfig(text, vision, image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKEN),
-                   vision_start_token_id=tok.convert_tokens_to_ids(MARKERS[0]),
-                   vision_end_token_id=tok.convert_tokens_to_ids(MARKERS[1]))
-  ip = build_image_processor(vision, min_pixels=im.min_pixels, max_pixels=im.max_pixels)
-  return vlcfg, VLProcessor(tok, ip, patch_budget=im.patch_budget or None)
 
 
 def make_encoder(cfg, processor) -> ImagePromptEncoder:

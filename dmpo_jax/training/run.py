@@ -16,8 +16,7 @@ from flax import nnx
 
 from dmpo_jax import multimodal, sampling
 from dmpo_jax import tasks as tasks_lib
-from dmpo_jax.models import hf, tokenizer as tok_lib
-from dmpo_jax.models.config import ModelConfig
+from dmpo_jax.models import build as model_build
 from dmpo_jax.objectives import flowrl, presets
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.parallel import sharding
@@ -67,42 +66,6 @@ def objective_from_config(cfg) -> presets.ObjectiveConfig:
     share = cfg.dph.batch / (cfg.rl.prompts_per_step * cfg.rl.group_size)
     obj = dataclasses.replace(obj, div_coef=obj.div_coef * share)
   return obj
-
-
-def build_model(cfg):
-  """(model, tokenizer) from scratch (task tokenizer) or from a local HF folder. A
-  vision-language model (config.model.vision from scratch, a Qwen2.5-VL folder) comes with
-  its processor (`VLProcessor`) in place of the tokenizer."""
-  m = cfg.model
-  if m.init == "scratch" and m.get("vision"):
-    return multimodal.build_vlm(cfg)
-  if m.init == "scratch":
-    tok = tok_lib.load(m.tokenizer) if m.tokenizer else tok_lib.build()
-    vocab = -(-len(tok) // 8) * 8
-    mcfg = ModelConfig(vocab_size=vocab, hidden_size=m.hidden_size,
-                       intermediate_size=m.intermediate_size, num_layers=m.num_layers,
-                       num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-                       rope_theta=m.rope_theta, dtype=m.dtype, param_dtype=m.param_dtype,
-                       max_position_embeddings=m.max_prompt_len + m.max_new_tokens,
-                       architecture="llama", remat=m.remat)
-    from dmpo_jax.models.transformer import Transformer
-    return Transformer(mcfg, rngs=nnx.Rngs(cfg.seed)), tok
-  model, tok = hf.load(m.init, dtype=m.dtype, param_dtype=m.param_dtype)
-  if m.tokenizer and not multimodal.is_vlm(model):
-    tok = tok_lib.load(m.tokenizer)
-  if tok is None:
-    raise ValueError(f"config.model.init={m.init!r} has no tokenizer files; set config.model.tokenizer")
-  if m.remat and multimodal.is_vlm(model):
-    model.language.cfg = model.language.cfg.replace(remat=True)
-  elif m.remat:
-    model.cfg = model.cfg.replace(remat=True)  # read when the forward is traced
-  return model, tok
-
-
-def model_shape(model) -> dict:
-  c = model.cfg.text if multimodal.is_vlm(model) else model.cfg
-  return {k: getattr(c, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                                     "num_heads", "num_kv_heads", "head_dim")}
 
 
 # ---------------------------------------------------------------------------
@@ -266,15 +229,15 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
   taskset = instances.taskset_from_config(cfg, task_keys(cfg))
   reward_cfg = rewards_lib.RewardConfig(**dict(cfg.rl.reward))
 
-  model, tok = build_model(cfg)
-  processor, vl_cfg = (tok, model.cfg) if multimodal.is_vlm(model) else (None, None)
+  model, tok = model_build.build(cfg)
+  processor, vl_cfg = (tok, model.cfg) if model_build.is_vlm(model) else (None, None)
   encoder = multimodal.make_run_encoder(cfg, tok, processor)
   tok = encoder.tok
   graphdef, model_state = nnx.split(model)
   params = {"model": model_state}
   if presets.needs_log_z(obj):
     params["log_z"] = flowrl.init_log_z_head(jax.random.key(cfg.seed + LOG_Z_SEED_OFFSET),
-                                             model_shape(model)["hidden_size"])
+                                             model_build.shape(model)["hidden_size"])
   rep = sharding.replicated(mesh)
   p_sh = {"model": sharding.param_shardings(model_state, mesh)}
   if "log_z" in params:
@@ -283,7 +246,7 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
 
   os.makedirs(workdir, exist_ok=True)  # every check passed: from here on the workdir is written
   run = Run(cfg=cfg, workdir=workdir, obj=obj, mesh=mesh, taskset=taskset, reward_cfg=reward_cfg,
-            tok=tok, encoder=encoder, graphdef=graphdef, model_shape=model_shape(model), p_sh=p_sh,
+            tok=tok, encoder=encoder, graphdef=graphdef, model_shape=model_build.shape(model), p_sh=p_sh,
             o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
             sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0,
                                    **vision_optimizer_opts(cfg, "sft", vl_cfg)),

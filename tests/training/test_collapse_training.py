@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from ml_collections import config_dict
 
+from dmpo_jax.models import build as model_build
 from dmpo_jax.training import pipeline
-from dmpo_jax.training import run as run_lib, stages
+from dmpo_jax.training import stages
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import tokenizer as tok_lib
 from dmpo_jax.tasks import rewards as rewards_lib
@@ -129,7 +130,7 @@ def test_term_gradient_norms_are_those_of_each_term():
   cfg = nphard.get_config("smoke")
   cfg.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
                    head_dim=16)
-  model, _ = run_lib.build_model(cfg)
+  model, _ = model_build.build(cfg)
   graphdef, state = nnx.split(model)
   batch = tiny_rl_batch()
   obj = presets.objective_config("dmpo", dm_coef=2.0, dm_alpha=1 / 15)

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from dmpo_jax.models import build as model_build
 from dmpo_jax import multimodal as mm
 from dmpo_jax.training import pipeline
 from dmpo_jax import tasks
@@ -21,7 +22,7 @@ mm_nphard = config_module("mm_nphard")
 def smoke_vlm():
   """(config, VLConfig, processor) of the smoke config's from-scratch VLM (no weights)."""
   cfg = mm_nphard.get_config("smoke")
-  vl_cfg, processor = mm.vlm_config(cfg)
+  vl_cfg, processor = model_build.vlm_config(cfg)
   return cfg, vl_cfg, processor
 
 
@@ -143,11 +144,11 @@ def test_image_encoder_refuses_text_styles_and_bad_configs(smoke_vlm):
   bad = mm_nphard.get_config("smoke")
   bad.model.mrope_section = (2, 2, 2)
   with pytest.raises(ValueError, match="config.model.mrope_section"):
-    mm.vlm_config(bad)
+    model_build.vlm_config(bad)
   bad = mm_nphard.get_config("smoke")
   bad.model.vision = dict(bad.model.vision, num_heads=3)
   with pytest.raises(ValueError, match="config.model.vision"):
-    mm.vlm_config(bad)
+    model_build.vlm_config(bad)
   text = mm_nphard.get_config("smoke")
   text.model.vision = {}  # a text model cannot take image prompts
   with pytest.raises(ValueError, match="needs a vision-language model"):
@@ -182,7 +183,7 @@ def test_dph_prompt_items_rebuild_the_stored_prompts_and_refuse_others(smoke_vlm
 def test_scratch_vlm_saves_a_folder_transformers_opens(tmp_path):
   from dmpo_jax.models import hf
   cfg = mm_nphard.get_config("smoke")
-  model, processor = mm.build_vlm(cfg)
+  model, processor = model_build.build_vlm(cfg)
   hf.save(model, processor, str(tmp_path / "hf"))
   loaded, proc2 = hf.load(str(tmp_path / "hf"))
   assert proc2.image_token_id == processor.image_token_id
@@ -238,7 +239,7 @@ def test_mm_smoke_run_end_to_end_with_resume(tmp_path):
     assert 0.0 <= r["overall"]["SR_mean"] <= 1.0
   assert res["after"]["overall"] == mods["image"]["overall"]
   model, processor = hf.load(str(wd / "hf"))
-  assert mm.is_vlm(model) and processor.image_token_id == model.cfg.image_token_id
+  assert model_build.is_vlm(model) and processor.image_token_id == model.cfg.image_token_id
 
 
 @pytest.mark.slow
@@ -251,7 +252,7 @@ def test_qwen_vl_config_trains_a_local_folder(tmp_path):
   from dmpo_jax.training import stages
   from dmpo_jax.models import hf
   folder = str(tmp_path / "qwen_vl")
-  model, processor = mm.build_vlm(mm_nphard.get_config("smoke"))
+  model, processor = model_build.build_vlm(mm_nphard.get_config("smoke"))
   hf.save(model, processor, folder)
   cfg = mm_nphard_qwen.get_config(folder)
   assert cfg.prompt_style == "npbench_image" and cfg.rl.freeze_vision and cfg.sft.steps == 0

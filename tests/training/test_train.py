@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from dmpo_jax.models import build as model_build
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
 from dmpo_jax.training import run as run_lib
@@ -138,7 +139,7 @@ def test_parameters_sharded_as_the_rules_say():
   from flax import nnx
   from jax.sharding import PartitionSpec as P
   from dmpo_jax.parallel import sharding
-  model, _ = run_lib.build_model(smoke())
+  model, _ = model_build.build(smoke())
   _, state = nnx.split(model)
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   sh = sharding.param_shardings(state, mesh)
@@ -182,13 +183,13 @@ def test_nonfinite_steps_stop_with_good_checkpoint(tmp_path):
     stages.train(cfg, str(tmp_path))
   ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
   assert ck.latest_step() == 4 and ck.read_meta(4)["counters"]["nonfinite_total"] == 1
-  model, _ = run_lib.build_model(cfg)
+  model, _ = model_build.build(cfg)
   from flax import nnx
   _, state = nnx.split(model)
   params = {"model": state}
   opt = make_optimizer(1e-3, 5, 1, 1.0)
-  p3, _, _ = ck.restore(3, params, opt.init(params), run_lib.model_shape(model))
-  p4, _, _ = ck.restore(4, params, opt.init(params), run_lib.model_shape(model))
+  p3, _, _ = ck.restore(3, params, opt.init(params), model_build.shape(model))
+  p4, _, _ = ck.restore(4, params, opt.init(params), model_build.shape(model))
   for x, y in zip(jax.tree.leaves(p3), jax.tree.leaves(p4)):
     assert np.isfinite(np.asarray(y)).all()
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # the NaN step changed nothing
@@ -258,7 +259,7 @@ def test_micro_batches_match_one_batch_exactly_when_slice_exact(algo):
   from dmpo_jax.training import steps
   from dmpo_jax.objectives import presets
   cfg = smoke()
-  model, _ = run_lib.build_model(cfg)
+  model, _ = model_build.build(cfg)
   graphdef, state = nnx.split(model)
   P, G, LP, LT = 8, 4, 6, 5
   rng = np.random.default_rng(0)

@@ -1,0 +1,94 @@
+"""A model and its tokenizer (or, for a vision-language model, its processor) from a training
+config's `model` block: from scratch (the task tokenizer; config.model.vision adds a
+Qwen2.5-VL tower) or from a local Hugging Face folder or GGUF file (`hf.load`)."""
+
+from __future__ import annotations
+
+from flax import nnx
+
+from dmpo_jax.models import hf, tokenizer as tok_lib
+from dmpo_jax.models.config import ModelConfig
+from dmpo_jax.models.qwen2_5_vl import Qwen2_5_VL, VLConfig
+from dmpo_jax.models.transformer import Transformer
+from dmpo_jax.models.vision import VisionConfig
+from dmpo_jax.models.vl_processor import IMAGE_TOKEN, VLProcessor, build_image_processor
+
+VISION_MARKERS = ("<|vision_start|>", "<|vision_end|>")  # around an image span
+
+
+def is_vlm(model) -> bool:
+  return hasattr(model, "visual")
+
+
+def build(cfg):
+  """(model, tokenizer) from scratch (task tokenizer) or from a local HF folder. A
+  vision-language model (config.model.vision from scratch, a Qwen2.5-VL folder) comes with
+  its processor (`VLProcessor`) in place of the tokenizer."""
+  m = cfg.model
+  if m.init == "scratch" and m.get("vision"):
+    return build_vlm(cfg)
+  if m.init == "scratch":
+    tok = tok_lib.load(m.tokenizer) if m.tokenizer else tok_lib.build()
+    vocab = -(-len(tok) // 8) * 8
+    mcfg = ModelConfig(vocab_size=vocab, hidden_size=m.hidden_size,
+                       intermediate_size=m.intermediate_size, num_layers=m.num_layers,
+                       num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+                       rope_theta=m.rope_theta, dtype=m.dtype, param_dtype=m.param_dtype,
+                       max_position_embeddings=m.max_prompt_len + m.max_new_tokens,
+                       architecture="llama", remat=m.remat)
+    return Transformer(mcfg, rngs=nnx.Rngs(cfg.seed)), tok
+  model, tok = hf.load(m.init, dtype=m.dtype, param_dtype=m.param_dtype)
+  if m.tokenizer and not is_vlm(model):
+    tok = tok_lib.load(m.tokenizer)
+  if tok is None:
+    raise ValueError(f"config.model.init={m.init!r} has no tokenizer files; set config.model.tokenizer")
+  if m.remat and is_vlm(model):
+    model.language.cfg = model.language.cfg.replace(remat=True)
+  elif m.remat:
+    model.cfg = model.cfg.replace(remat=True)  # read when the forward is traced
+  return model, tok
+
+
+def shape(model) -> dict:
+  """The text model's sizes (what a checkpoint must match)."""
+  c = model.cfg.text if is_vlm(model) else model.cfg
+  return {k: getattr(c, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                     "num_heads", "num_kv_heads", "head_dim")}
+
+
+def build_vlm(cfg):
+  """(model, processor) of a from-scratch Qwen2.5-VL (`vlm_config`), initialised from config.seed."""
+  vlcfg, processor = vlm_config(cfg)
+  return Qwen2_5_VL(vlcfg, rngs=nnx.Rngs(cfg.seed)), processor
+
+
+def vlm_config(cfg):
+  """(VLConfig, processor) of a from-scratch Qwen2.5-VL from config.model (its `vision` block
+  and the text sizes) and config.image (the processor's pixel range): the task tokenizer
+  with the image markers, an image processor of its own, and the tower's patch geometry."""
+  m, im = cfg.model, cfg.image
+  tok = tok_lib.build(vision=True)
+  vocab = -(-len(tok) // 8) * 8
+  section = tuple(int(s) for s in m.mrope_section)
+  head_dim = m.head_dim or m.hidden_size // m.num_heads
+  if len(section) != 3 or 2 * sum(section) != head_dim:
+    raise ValueError(f"config.model.mrope_section={section}: three sections summing to "
+                     f"head_dim / 2 = {head_dim // 2}")
+  text = ModelConfig(vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+                     num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+                     head_dim=m.head_dim, rope_theta=m.rope_theta, dtype=m.dtype,
+                     param_dtype=m.param_dtype, qkv_bias=True, architecture="qwen2",
+                     max_position_embeddings=m.max_prompt_len + m.max_new_tokens,
+                     mrope_section=section, remat=m.remat)
+  v = dict(m.vision)
+  v["fullatt_block_indexes"] = tuple(v.get("fullatt_block_indexes", ()))
+  try:
+    vision = VisionConfig(out_hidden_size=m.hidden_size, dtype=m.dtype, param_dtype=m.param_dtype,
+                          **v)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config.model.vision: {e}") from e
+  vlcfg = VLConfig(text, vision, image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+                   vision_start_token_id=tok.convert_tokens_to_ids(VISION_MARKERS[0]),
+                   vision_end_token_id=tok.convert_tokens_to_ids(VISION_MARKERS[1]))
+  ip = build_image_processor(vision, min_pixels=im.min_pixels, max_pixels=im.max_pixels)
+  return vlcfg, VLProcessor(tok, ip, patch_budget=im.patch_budget or None)
