@@ -118,7 +118,8 @@ def main(argv=None):
   import jax.numpy as jnp
   from flax import nnx
 
-  from dmpo_jax.training import pipeline, steps
+  from dmpo_jax.training import steps
+  from dmpo_jax.data import pipeline
   from dmpo_jax.parallel import sharding
   from dmpo_jax import tasks as tasks_lib
   from dmpo_jax.models import tokenizer

@@ -13,7 +13,7 @@ k = 1, 2, 4, ..., 256), and `smoke`. Everything else is configs/nphard.py's defa
 
 Three regimes (docs/COLLAPSE.md):
 - `regime=splits` (default): per task three disjoint sets of distinct instances
-  (dmpo_jax/training/splits.py): SFT on A (16), RL on A + B (B: 16, never in SFT),
+  (dmpo_jax/data/splits.py): SFT on A (16), RL on A + B (B: 16, never in SFT),
   evaluation on C (8); evaluation points along RL report A, B and C separately.
 - `regime=stream`: SFT and RL draw fresh instances (redrawing any that falls in C, and for
   SFT in B); the tiny policy generalises weakly (about a fifth of samples optimal).
@@ -97,7 +97,7 @@ def get_config(arg: str | None = None):
     raise ValueError(f"configs/collapse.py: regime={regime!r}; choose from {REGIMES} (or pool=N)")
   pool = int(opts.get("pool", 0))
   if not pool:
-    # A 16, B 16, C 8 distinct instances per task (dmpo_jax/training/splits.py).
+    # A 16, B 16, C 8 distinct instances per task (dmpo_jax/data/splits.py).
     c.collapse.update(splits=(16, 16, 8), split_file="", sft_from="A", rl_from="AB")
     c.eval.num_per_task = 8  # with splits the held-out evaluation is on C
     # Samples per instance at each point: pass@64 on B (primary), 32 on A (coverage, pass@1)

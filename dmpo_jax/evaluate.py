@@ -55,8 +55,9 @@ from ml_collections import config_dict
 from dmpo_jax.models import build as model_build
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
-from dmpo_jax.training import evaluation, pipeline, report
-from dmpo_jax import multimodal
+from dmpo_jax.training import evaluation, report
+from dmpo_jax.data import pipeline
+from dmpo_jax.data import images as multimodal
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import hf
 from dmpo_jax.objectives import presets
@@ -346,7 +347,7 @@ def evaluate_vlm(graphdef, params, processor, d: dict) -> None:
   print(f"render + preprocessing: {cache.ms_per_instance:.1f} ms per instance ({cache.misses} drawn, "
         f"{cache.hits} cache hits)")
   table = (f"{evaluation.format_table(res)}\n\nthe same instances by modality (table above: "
-           f"{res['modality']}):\n{multimodal.format_modalities(res)}")
+           f"{res['modality']}):\n{report.format_modalities(res)}")
   write_outputs(res, table, {"eval.png": res})
 
 

@@ -32,7 +32,7 @@ from ml_collections import config_flags
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
-from dmpo_jax.training import instances
+from dmpo_jax.data import instances
 from dmpo_jax.training.config import ConfigError, task_keys
 from dmpo_jax.training.run import TrainingError
 from dmpo_jax.training.stages import train

@@ -104,7 +104,7 @@ print("update:", {k: round(float(metrics[k]), 4) for k in ("loss", "pg_loss", "d
 Each task can draw its instance (MM-NP-Bench); the strict verifier says why
 an answer is refused."""),
     new_code_cell(r'''import numpy as np
-from dmpo_jax.training import pipeline
+from dmpo_jax.data import pipeline
 from dmpo_jax import sampling, tasks
 from dmpo_jax.models import hf
 model, tok = hf.load(f"{workdir}/hf")
@@ -129,11 +129,11 @@ word in text. Evaluation scores the same instances three ways: the image, a
 blank image of the same size (the control: a policy that reads the image does
 worse there) and the text prompt. The renderer is ours, so these numbers are
 not comparable with the paper's MM-NP-Bench figures."""),
-    new_code_cell(r'''from dmpo_jax import multimodal as mm
+    new_code_cell(r'''from dmpo_jax.data import images as mm
 cfg_mm = load_config("mm_nphard", "smoke,tasks=TSP+knapsack" if SMALL else "")
 cfg_mm.log.tensorboard = False
 res_mm = stages.train(cfg_mm, "runs/quickstart_mm")
-print(mm.format_modalities({"modalities": res_mm["modalities"]["after"]}))'''),
+print(report.format_modalities({"modalities": res_mm["modalities"]["after"]}))'''),
     new_code_cell(r'''model_mm, proc = hf.load("runs/quickstart_mm/hf")   # a Qwen2.5-VL folder: model + processor
 enc_mm = mm.make_encoder(cfg_mm, proc)
 fig, axes = plt.subplots(1, 2, figsize=(10, 5))

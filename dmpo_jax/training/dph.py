@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dmpo_jax.parallel import distributed as dist
-from dmpo_jax.training import pipeline
+from dmpo_jax.data import pipeline
 from dmpo_jax import sampling
 
 STORE = "dph_store.npz"

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from dmpo_jax.parallel import distributed as dist
-from dmpo_jax.training import pipeline
+from dmpo_jax.data import pipeline
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.tasks import diversity, scoring
 from dmpo_jax import sampling

@@ -9,20 +9,12 @@ import tempfile
 
 import numpy as np
 
+from dmpo_jax.tasks.data import atomic_write
+
 
 def write_json(obj, path: str) -> None:
   """Write JSON atomically (temp file + rename): never a half-written result."""
-  d = os.path.dirname(os.path.abspath(path))
-  os.makedirs(d, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(obj, f, indent=1, default=float)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  atomic_write(path, lambda f: json.dump(obj, f, indent=1, default=float))
 
 
 def read_json(path: str):
@@ -221,3 +213,17 @@ class NullWriter:
 
   def close(self):
     pass
+
+
+def format_modalities(results: dict, metrics=None) -> str:
+  """Overall scores per modality, one line each (the blank-image control beside the image)."""
+  mods = results.get("modalities")
+  if not mods:
+    return ""
+  if metrics is None:  # SR@k / QR@k at the evaluation's k
+    k = best_of_k(results)
+    metrics = (f"SR@{k}", f"QR@{k}", "SR_mean", "QR_mean")
+  lines = [f"{'modality':10s}" + "".join(f"{m:>10s}" for m in metrics)]
+  for name, r in mods.items():
+    lines.append(f"{name:10s}" + "".join(f"{r['overall'].get(m, float('nan')):10.3f}" for m in metrics))
+  return "\n".join(lines)

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from dmpo_jax.parallel import distributed as dist
-from dmpo_jax.training import pipeline, steps
+from dmpo_jax.training import steps
+from dmpo_jax.data import pipeline
 from dmpo_jax.objectives import presets, shaping
 from dmpo_jax import sampling
 

@@ -14,7 +14,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from dmpo_jax import multimodal, sampling
+from dmpo_jax import sampling
+from dmpo_jax.data import images as multimodal
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import build as model_build
 from dmpo_jax.objectives import flowrl, presets
@@ -24,7 +25,8 @@ from dmpo_jax.sampling import sampler as sampler_lib
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
-from dmpo_jax.training import evaluation, instances, pipeline, report
+from dmpo_jax.training import evaluation, report
+from dmpo_jax.data import instances, pipeline
 from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.config import check_config, task_keys
 from dmpo_jax.training.state import LOG_Z_SEED_OFFSET, TrainState, checkpoint_meta

@@ -18,7 +18,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from dmpo_jax import multimodal, sampling
+from dmpo_jax import sampling
+from dmpo_jax.data import images as multimodal
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import hf
 from dmpo_jax.objectives import presets
@@ -26,7 +27,8 @@ from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.parallel import sharding
 from dmpo_jax.tasks import diversity
 from dmpo_jax.training import checkpoint as ckpt_lib
-from dmpo_jax.training import dph, evaluation, pipeline, report, steps
+from dmpo_jax.training import dph, evaluation, report, steps
+from dmpo_jax.data import pipeline
 from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.rollout import collect_rollouts
 from dmpo_jax.training.run import Run, TrainingError, setup
@@ -276,7 +278,7 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
   if "modalities" in after:
     print(f"\nafter RL, the same instances by modality (table above: {after['modality']}; "
           "blank = the image replaced by a white one):")
-    print(multimodal.format_modalities(after))
+    print(report.format_modalities(after))
   print("time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in run.times.items()) +
         f"; outputs in {run.workdir}")
   return results

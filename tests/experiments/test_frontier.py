@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from dmpo_jax.experiments import frontier, report as sweep_report, sweep
-from dmpo_jax.training import instances, pipeline, points, report, splits
+from dmpo_jax.training import points, report
+from dmpo_jax.data import instances, pipeline, splits
 from tests.helpers import REPO, smoke
 
 CONFIG = os.path.join(REPO, "configs", "collapse.py")

@@ -295,7 +295,7 @@ def test_chat_prompts_stop_at_the_end_of_turn(tmp_path):
   """A file whose EOS is <|endoftext|> (as in some instruct GGUFs): the chat format still
   ends answers at <|im_end|>, the token the template closes a turn with."""
   from dmpo_jax import tasks as tasks_lib
-  from dmpo_jax.training import pipeline
+  from dmpo_jax.data import pipeline
 
   write_tiny(tmp_path / "tiny.gguf", "qwen2", eos=0, tie=False)
   _, tok = hf.load(str(tmp_path / "tiny.gguf"))

@@ -276,7 +276,7 @@ def test_every_new_preset_builds_and_declares_its_batch():
 def test_score_groups_flags_optimal_feasible_and_answers():
   from dmpo_jax import tasks as tasks_lib
   from dmpo_jax.tasks import rewards as rewards_lib
-  from dmpo_jax.training import pipeline
+  from dmpo_jax.data import pipeline
   task = tasks_lib.get("knapsack")
   for seed in range(50):  # an instance with a feasible solution that is not optimal
     q = task.generate(seed, "tiny")

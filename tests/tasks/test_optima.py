@@ -232,7 +232,7 @@ def test_optima_in_range_with_a_cut_enumeration():
 def test_optimal_sft_targets_survive_the_task_tokenizer():
   """What the SFT hook would train on decodes to an optimal answer of the instance."""
   import numpy as np
-  from dmpo_jax.training import pipeline
+  from dmpo_jax.data import pipeline
   from dmpo_jax.models import tokenizer as tok_lib
   enc = pipeline.PromptEncoder(tok_lib.build(), "compact", 160)
   for key in tasks.with_optima():

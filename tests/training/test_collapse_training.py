@@ -7,7 +7,7 @@ import pytest
 from ml_collections import config_dict
 
 from dmpo_jax.models import build as model_build
-from dmpo_jax.training import pipeline
+from dmpo_jax.data import pipeline
 from dmpo_jax.training import stages
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import tokenizer as tok_lib

@@ -14,7 +14,8 @@ import pytest
 from dmpo_jax.training import run as run_lib
 from dmpo_jax.training import stages
 from dmpo_jax.parallel import distributed as dist
-from dmpo_jax.training import dph, pipeline, steps
+from dmpo_jax.training import dph, steps
+from dmpo_jax.data import pipeline
 from tests.helpers import config_module, smoke
 
 mm_nphard = config_module("mm_nphard")

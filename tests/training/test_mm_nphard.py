@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from dmpo_jax.models import build as model_build
-from dmpo_jax import multimodal as mm
-from dmpo_jax.training import pipeline
+from dmpo_jax.data import images as mm
+from dmpo_jax.data import pipeline
 from dmpo_jax import tasks
 from dmpo_jax import sampling
 from tests.helpers import config_module, smoke

@@ -11,7 +11,8 @@ import pytest
 
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.parallel import distributed as dist
-from dmpo_jax.training import evaluation, pipeline, report
+from dmpo_jax.training import evaluation, report
+from dmpo_jax.data import pipeline
 from dmpo_jax.parallel import sharding
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import tokenizer as tok_lib

@@ -25,7 +25,7 @@ import json
 import time
 
 from dmpo_jax.models import build as model_build
-from dmpo_jax.training import pipeline
+from dmpo_jax.data import pipeline
 from dmpo_jax import tasks as tasks_lib
 
 MARKERS = model_build.VISION_MARKERS  # around the image span, when the tokenizer has them
@@ -193,21 +193,6 @@ def evaluate_modalities(run_eval, encoder, items, modalities, images_fn,
   out["modalities"] = {m: {k: r[k] for k in ("per_task", "categories", "overall")}
                        for m, r in results.items()}
   return out
-
-
-def format_modalities(results: dict, metrics=None) -> str:
-  """Overall scores per modality, one line each (the blank-image control beside the image)."""
-  mods = results.get("modalities")
-  if not mods:
-    return ""
-  if metrics is None:  # SR@k / QR@k at the evaluation's k
-    from dmpo_jax.training.report import best_of_k
-    k = best_of_k(results)
-    metrics = (f"SR@{k}", f"QR@{k}", "SR_mean", "QR_mean")
-  lines = [f"{'modality':10s}" + "".join(f"{m:>10s}" for m in metrics)]
-  for name, r in mods.items():
-    lines.append(f"{name:10s}" + "".join(f"{r['overall'].get(m, float('nan')):10.3f}" for m in metrics))
-  return "\n".join(lines)
 
 
 class Prefetch:

@@ -19,7 +19,7 @@ from dmpo_jax.models import chat
 from dmpo_jax.tasks import diversity, optima
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.tasks import scoring
-from dmpo_jax.training import splits as splits_lib
+from dmpo_jax.data import splits as splits_lib
 
 EVAL_SEED0 = 1_000_000
 MAX_REDRAWS = 1000  # instance filter: attempts per row before giving up

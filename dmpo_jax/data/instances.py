@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import os
 
-from dmpo_jax.training import pipeline, report
-from dmpo_jax.training import splits as splits_lib
+from dmpo_jax.tasks.data import atomic_write
+from dmpo_jax.data import pipeline
+from dmpo_jax.data import splits as splits_lib
 
 
 def taskset_from_config(cfg, keys) -> pipeline.TaskSet:
@@ -64,7 +65,7 @@ def write(cfg, workdir: str, keys) -> dict:
     result["splits"] = taskset.split_sets().to_json()
   result["checks"] = checks(out, taskset)
   os.makedirs(workdir, exist_ok=True)
-  report.write_json(result, os.path.join(workdir, "instances.json"))
+  atomic_write(os.path.join(workdir, "instances.json"), lambda f: json.dump(result, f, indent=1))
   return result
 
 

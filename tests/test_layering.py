@@ -1,0 +1,125 @@
+"""The package's dependencies run one way (docs/ARCHITECTURE.md): no import cycle among its
+modules (imports inside functions included), no module uses another's private names, each
+package imports only the layers below it, and no module imports the command lines."""
+
+import ast
+import collections
+import os
+
+from tests.helpers import REPO
+
+PKG = os.path.join(REPO, "dmpo_jax")
+# What each part may import (besides itself). Bottom: models, tasks, objectives.
+ALLOWED = {
+    "models": set(), "tasks": set(), "objectives": set(),
+    "parallel": {"models"},                      # plan.py sizes the models
+    "sampling": {"models", "parallel"},
+    "data": {"models", "tasks"},
+    "training": {"models", "tasks", "objectives", "parallel", "sampling", "data"},
+    "experiments": {"models", "tasks", "objectives", "parallel", "sampling", "data", "training"},
+    "train": {"parallel", "data", "training"},   # the command lines
+    "evaluate": {"models", "tasks", "objectives", "parallel", "sampling", "data", "training"},
+}
+CLIS = {"dmpo_jax.train", "dmpo_jax.evaluate"}
+
+
+def modules() -> dict:
+  out = {}
+  for d, _, files in os.walk(PKG):
+    for f in files:
+      if f.endswith(".py"):
+        path = os.path.join(d, f)
+        name = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+        out[name[:-len(".__init__")] if name.endswith(".__init__") else name] = path
+  return out
+
+
+def imports(mods: dict):
+  """{module: {imported module}}, and [(module, private name it imports or reads)]."""
+  edges, private = collections.defaultdict(set), []
+  for name, path in mods.items():
+    tree = ast.parse(open(path).read())
+    alias = {}
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dmpo_jax"):
+        for a in node.names:
+          full = f"{node.module}.{a.name}"
+          if full in mods:
+            edges[name].add(full)
+            alias[a.asname or a.name] = full
+          elif node.module in mods:
+            edges[name].add(node.module)
+            if a.name.startswith("_") and not a.name.startswith("__"):
+              private.append((name, full))
+      elif isinstance(node, ast.Import):
+        for a in node.names:
+          if a.name in mods:
+            edges[name].add(a.name)
+            if a.asname:
+              alias[a.asname] = a.name
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+          and node.value.id in alias and node.attr.startswith("_") and not node.attr.startswith("__")):
+        private.append((name, f"{alias[node.value.id]}.{node.attr}"))
+    edges[name].discard(name)
+  return edges, private
+
+
+def cycles(edges) -> list:
+  """Strongly connected components of more than one module (Tarjan)."""
+  index, low, stack, on, out, n = {}, {}, [], set(), [], [0]
+
+  def visit(v):
+    index[v] = low[v] = n[0]
+    n[0] += 1
+    stack.append(v)
+    on.add(v)
+    for w in edges.get(v, ()):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        out.append(sorted(comp))
+
+  for v in list(edges):
+    if v not in index:
+      visit(v)
+  return out
+
+
+def part(module: str) -> str:
+  return module.split(".")[1] if "." in module else module
+
+
+def test_no_cycles_and_no_private_names():
+  edges, private = imports(modules())
+  assert cycles(edges) == []
+  assert private == []
+
+
+def test_packages_import_only_the_layers_below():
+  edges, _ = imports(modules())
+  wrong = sorted((m, d) for m, ds in edges.items() for d in ds
+                 if part(m) != part(d) and part(d) not in ALLOWED.get(part(m), set()))
+  assert wrong == [], wrong
+  assert not [m for m, ds in edges.items() if ds & CLIS]  # nothing imports a command line
+
+
+def test_the_checks_can_fail(tmp_path):
+  """The checker finds a planted cycle and a planted private import."""
+  a, b = tmp_path / "a.py", tmp_path / "b.py"
+  a.write_text("from dmpo_jax.b import _secret\n")
+  b.write_text("def f():\n  from dmpo_jax import a\n")
+  edges, private = imports({"dmpo_jax.a": str(a), "dmpo_jax.b": str(b)})
+  assert cycles(edges) == [["dmpo_jax.a", "dmpo_jax.b"]]
+  assert private == [("dmpo_jax.a", "dmpo_jax.b._secret")]
