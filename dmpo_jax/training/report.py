@@ -220,8 +220,8 @@ def format_modalities(results: dict, metrics=None) -> str:
   mods = results.get("modalities")
   if not mods:
     return ""
-  if metrics is None:  # SR@k / QR@k at the evaluation's k
-    k = best_of_k(results)
+  if metrics is None:  # SR@k / QR@k at the evaluation's k (each modality's result records it)
+    k = best_of_k(results if "k" in results or "overall" in results else next(iter(mods.values())))
     metrics = (f"SR@{k}", f"QR@{k}", "SR_mean", "QR_mean")
   lines = [f"{'modality':10s}" + "".join(f"{m:>10s}" for m in metrics)]
   for name, r in mods.items():

@@ -260,7 +260,7 @@ def test_qwen_vl_config_trains_a_local_folder(tmp_path):
   cfg.model.update(max_prompt_len=384, max_new_tokens=8)
   cfg.image.update(size=128, patch_budget=64)  # the folder's processor: 112 px, 8 x 8 patches
   cfg.rl.update(steps=1, prompts_per_step=4, group_size=2, micro_batches=2)
-  cfg.eval.update(num_per_task=2, samples=3, batch_prompts=4)
+  cfg.eval.update(num_per_task=2, samples=3, pass_ks=(1, 3), batch_prompts=4)
   cfg.mesh.update(data=1, fsdp=2)
   cfg.log.update(tensorboard=False, progress=False, plots=False)
   res = stages.train(cfg, str(tmp_path / "run"))

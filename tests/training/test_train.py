@@ -174,11 +174,18 @@ def test_bad_config_fields_name_themselves(tmp_path):
 
 
 @pytest.mark.slow
-def test_nonfinite_steps_stop_with_good_checkpoint(tmp_path):
-  # A NaN learning rate makes every RL update non-finite: each step is skipped and counted;
-  # the second in a row stops the run. SFT ends at step 3; step 4 (skipped) is saved.
-  cfg = smoke(**{"rl.lr": float("nan"), "rl.nonfinite_patience": 2,
-                 "rl.steps": 5, "checkpoint.every": 1})
+def test_nonfinite_steps_stop_with_good_checkpoint(tmp_path, monkeypatch):
+  # NaN rewards make every RL loss non-finite (injected in scoring: the config schema refuses a
+  # NaN learning rate): each step is skipped and counted; the second in a row stops the run.
+  # SFT ends at step 3; step 4 (skipped) is saved.
+  from dmpo_jax.data import pipeline
+  score = pipeline.score_groups
+
+  def nan_rewards(*args, **kw):
+    rewards, stats = score(*args, **kw)
+    return np.full_like(rewards, np.nan), stats
+  monkeypatch.setattr(pipeline, "score_groups", nan_rewards)
+  cfg = smoke(**{"rl.nonfinite_patience": 2, "rl.steps": 5, "checkpoint.every": 1})
   with pytest.raises(run_lib.TrainingError, match="2 non-finite losses in a row.*checkpoint \\(4\\) is intact"):
     stages.train(cfg, str(tmp_path))
   ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
@@ -238,7 +245,7 @@ def test_qwen_config_trains_a_local_hf_folder(tmp_path):
   cfg.tasks, cfg.level, cfg.chat_template = "subset-sum", "tiny", False  # the task tokenizer has no chat template
   cfg.model.update(max_prompt_len=640, max_new_tokens=8)
   cfg.rl.update(steps=1, prompts_per_step=8, group_size=2, micro_batches=2)
-  cfg.eval.update(num_per_task=1, samples=3, batch_prompts=8)
+  cfg.eval.update(num_per_task=1, samples=3, pass_ks=(1, 3), batch_prompts=8)
   cfg.mesh.update(data=1, fsdp=2)  # params over 2 devices; micro-batch slices of 4 prompts
   cfg.log.update(tensorboard=False, progress=False)
   res = stages.train(cfg, str(tmp_path / "run"))
