@@ -175,6 +175,24 @@ def vision_activation_bytes(vc: VisionConfig, patch_budget: int, prompts: int, t
   return prompts * per_prompt
 
 
+def vision_activations(vc: VisionConfig, work: Workload, rows_div: int, tensor: int) -> tuple:
+  """(update, sampling) activation bytes of the vision tower per device: the update runs it on
+  its slice's prompts, the sampler (frozen or not: no backward) on all of a device's."""
+  u = vc.merge_unit
+  if work.patch_budget <= 0 or work.patch_budget % u:
+    raise ValueError(f"patch_budget={work.patch_budget} must be a positive multiple of "
+                     f"spatial_merge_size ** 2 = {u}")
+  if work.patch_budget // u > work.prompt_len:
+    raise ValueError(f"patch_budget={work.patch_budget} gives {work.patch_budget // u} image "
+                     f"tokens per prompt, more than prompt_len={work.prompt_len}")
+  vdt = np.dtype(as_dtype(vc.dtype)).itemsize
+  v_acts = vision_activation_bytes(vc, work.patch_budget, work.prompts // work.micro_batches
+                                   // rows_div, tensor, vdt, work.train_vision)
+  v_sample = vision_activation_bytes(vc, work.patch_budget, -(-work.prompts // rows_div),
+                                     tensor, vdt, False)
+  return v_acts, v_sample
+
+
 def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = None) -> dict:
   """The per-device plan of `cfg` (a ModelConfig, or a qwen2_5_vl.VLConfig: text model and
   vision tower) on a mesh for an RL workload."""
@@ -214,22 +232,7 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
   per_layer = micro_rows * seq * ((6 * d + 3 * f / tensor) * act_bytes + attn_saved)
   layers_saved = 1 if work.remat else L
   acts = per_layer * layers_saved + (micro_rows * seq * d * act_bytes * L if work.remat else 0)
-  v_acts = v_sample = 0
-  if vc is not None:
-    u = vc.merge_unit
-    if work.patch_budget <= 0 or work.patch_budget % u:
-      raise ValueError(f"patch_budget={work.patch_budget} must be a positive multiple of "
-                       f"spatial_merge_size ** 2 = {u}")
-    if work.patch_budget // u > work.prompt_len:
-      raise ValueError(f"patch_budget={work.patch_budget} gives {work.patch_budget // u} image "
-                       f"tokens per prompt, more than prompt_len={work.prompt_len}")
-    vdt = np.dtype(as_dtype(vc.dtype)).itemsize
-    # The update runs the tower on its slice's prompts, the sampler (frozen or not: no
-    # backward) on all of a device's.
-    v_acts = vision_activation_bytes(vc, work.patch_budget, work.prompts // work.micro_batches
-                                     // rows_div, tensor, vdt, work.train_vision)
-    v_sample = vision_activation_bytes(vc, work.patch_budget, -(-work.prompts // rows_div),
-                                       tensor, vdt, False)
+  v_acts, v_sample = (0, 0) if vc is None else vision_activations(vc, work, rows_div, tensor)
   acts += v_acts
   # float32 logits: all T completion tokens on CPU; on an accelerator the update makes them in
   # chunks of `steps.auto_chunk(T)` tokens (a chunk and its gradient live at once).
