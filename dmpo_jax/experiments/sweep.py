@@ -94,6 +94,22 @@ SETTINGS["dph_f-eta0"] = {"rl.algo": "dph_f", "rl.objective.div_coef": 0.0}
 # matched on prompts (8 x 16 = 128 samples).
 SETTINGS["grpo-g16-samples"] = {"rl.algo": "grpo", "rl.group_size": 16, "rl.prompts_per_step": 4}
 
+# The other published answers to collapse (docs/METHODS.md), each along its declared knob, from
+# weakest (at or near GRPO) to strongest: exploratory labels of the frontier sweep (tier 2).
+BASELINE_AXES = {
+    "passk": ("passk_k", (1, 2, 4, 8)),             # k = 1 is GRPO on the correct flag
+    "pkpo": ("pkpo_k", (1, 2, 4, 8)),
+    "unlikely": ("unlikely_penalty", (0.05, 0.25, 0.5, 0.9)),
+    "w_reinforce": ("psr_weight", (1.0, 0.3, 0.1, 0.0)),  # 0: NSR
+    "kl_cov": ("kl_cov_frac", (0.005, 0.02, 0.08, 0.3)),
+    "clip_cov": ("clip_cov_frac", (0.005, 0.02, 0.08, 0.3)),
+    "outcome_batch": ("explore_coef", (0.1, 0.5, 2.0, 8.0)),
+    "outcome_ucb": ("explore_coef", (0.1, 0.5, 2.0, 8.0)),
+}
+for _algo, (_knob, _values) in BASELINE_AXES.items():
+  for _v in _values:
+    SETTINGS[f"{_algo}-{_knob}{_fmt(_v)}"] = {"rl.algo": _algo, f"rl.objective.{_knob}": _v}
+
 # Methods (families of labels along one strength axis) of the matched comparison.
 FAMILIES: dict[str, list[str]] = {
     "grpo-less-rl": ["grpo"] + [f"grpo-lr{_fmt(x)}" for x in GRPO_LRS],
@@ -104,6 +120,8 @@ FAMILIES: dict[str, list[str]] = {
     "dph_f-eta0": ["dph_f-eta0"],
     "dph_js": [f"dph_js-eta{_fmt(x)}" for x in DPH_ETAS],
     "grpo-g16-samples": ["grpo-g16-samples"],
+    **{algo: [f"{algo}-{knob}{_fmt(v)}" for v in values]
+       for algo, (knob, values) in BASELINE_AXES.items()},
 }
 # The pre-registered contrasts (docs/COLLAPSE.md), all at matched pass@1, Holm-corrected together.
 CONTRASTS = [("dmpo", "rkl"), ("dph_f", "rkl"), ("dm_only", "rkl"),
@@ -111,7 +129,8 @@ CONTRASTS = [("dmpo", "rkl"), ("dph_f", "rkl"), ("dm_only", "rkl"),
 # Tier 1 (pre-registered): 20 labels. Tier 2 (exploratory, if the budget allows).
 TIER1 = (FAMILIES["grpo-less-rl"] + FAMILIES["dph_f-eta0"] + FAMILIES["dmpo"] + FAMILIES["dm_only"]
          + FAMILIES["rkl"] + FAMILIES["dph_f"])
-TIER2 = FAMILIES["dph_js"] + ["grpo-g16", "grpo-g16-samples"]
+TIER2 = (FAMILIES["dph_js"] + ["grpo-g16", "grpo-g16-samples"]
+         + [label for algo in BASELINE_AXES for label in FAMILIES[algo]])
 BASELINE = "grpo"  # paired differences in the report are against this label
 
 # Fields a setting may change while still sharing the seed's SFT stage and evaluation before RL

@@ -212,6 +212,18 @@ def task_keys(cfg) -> list[str]:
   return [k.strip() for k in cfg.tasks.replace("+", ",").split(",") if k.strip()]
 
 
+def points_samples_max(cfg) -> int:
+  """The most samples per instance of the evaluation points along RL (config.eval.points,
+  points_samples: "64" or "A:32,B:64"); 0 without points."""
+  if "points" not in cfg.eval or not cfg.eval.points:
+    return 0
+  spec = str(cfg.eval.points_samples or cfg.eval.samples)
+  try:
+    return max(int(part.rpartition(":")[2]) for part in spec.split(","))
+  except ValueError:
+    raise ConfigError(f"config.eval.points_samples={spec!r}: expected N or SET:N,SET:N") from None
+
+
 def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
   """Every field's type and range (SCHEMA), then the rules between fields; a ConfigError names
   the first field that is wrong. Runs before anything is built or written."""
@@ -243,10 +255,15 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
       raise ConfigError(f"config.{name}={n} must divide by the mesh's data x fsdp size ({rows})")
   if cfg.eval.k > cfg.eval.samples:
     raise ConfigError(f"config.eval.k={cfg.eval.k} exceeds config.eval.samples={cfg.eval.samples}")
-  big = [k for k in cfg.eval.pass_ks if k > cfg.eval.samples]
+  # pass@k needs k <= samples; an evaluation reports the ks its own sample count allows, so a k
+  # is refused only when no evaluation (the final ones, the points along RL) samples enough.
+  most = max(cfg.eval.samples, points_samples_max(cfg))
+  big = [k for k in cfg.eval.pass_ks if k > most]
   if big:
-    raise ConfigError(f"config.eval.pass_ks={tuple(cfg.eval.pass_ks)}: {big} exceed "
-                      f"config.eval.samples={cfg.eval.samples} (pass@k needs k <= samples)")
+    where = (f"config.eval.samples={cfg.eval.samples}" if most == cfg.eval.samples else
+             f"the {most} samples of config.eval.points_samples")
+    raise ConfigError(f"config.eval.pass_ks={tuple(cfg.eval.pass_ks)}: {big} exceed {where} "
+                      "(pass@k needs k <= samples)")
   if cfg.sft.batch_size % cfg.sft.solutions_per_instance:
     raise ConfigError(f"config.sft.batch_size={cfg.sft.batch_size} must divide by "
                       f"config.sft.solutions_per_instance={cfg.sft.solutions_per_instance}")

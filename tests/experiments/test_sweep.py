@@ -34,7 +34,8 @@ def test_settings_cover_the_issue_list_and_share_sft():
     c = sweep.apply_overrides(cfg, over, label)  # every field exists and takes its value
     seen[label] = (c.rl.algo, c.rl.group_size, c.rl.objective.dm_coef, c.rl.objective.dm_alpha,
                    c.rl.objective.kl_coef, c.rl.objective.policy_loss, c.dph.weighting, c.rl.lr,
-                   c.rl.objective.div_coef, c.rl.prompts_per_step)
+                   c.rl.objective.div_coef, c.rl.prompts_per_step,
+                   tuple(sorted((k, repr(v)) for k, v in c.rl.objective.items())))  # every knob
     assert sweep.sft_key(c) == sweep.sft_key(cfg), f"{label} would not share the SFT stage"
   assert len(set(seen.values())) == len(seen), "two labels run the same setting"
   assert {l for l, s in seen.items() if s[1] == 16} == {"grpo-g16", "dmpo-2-a1_15-g16", "grpo-g16-samples"}
@@ -283,3 +284,28 @@ def test_sweep_end_to_end_shared_sft_and_resume(tmp_path):
   end = report.read_json(os.path.join(a, "points", "rl3.json"))["sets"]["A"]["overall"]
   start = report.read_json(os.path.join(a, "points", "rl0.json"))["sets"]["A"]["overall"]
   assert start["kl_k1"] == 0.0 and end["kl_k1"] != 0.0 and end["kl_k3"] > 0.0
+
+
+def test_every_label_passes_the_config_checks():
+  """Each label of the sweep (the strength axes of every method, the collapse baselines' knobs
+  included) builds its objective and passes the schema and the cross-field checks on the
+  collapse config: a label that could not run is found here, not hours into a sweep."""
+  import jax
+  from dmpo_jax.parallel import sharding
+  from dmpo_jax.training import config as config_lib
+  from dmpo_jax.training import run as run_lib
+  base = sweep.load_config(os.path.join(REPO, "configs", "collapse.py"))
+  skipped = []
+  runs = sweep.plan(base, list(sweep.SETTINGS), [0], {}, log=skipped.append)
+  assert skipped == [] or all("trains its own SFT" in m for m in skipped), skipped
+  assert {r.label for r in runs} == set(sweep.SETTINGS)
+  for algo, (knob, values) in sweep.BASELINE_AXES.items():
+    assert sweep.FAMILIES[algo] and len(values) >= 4, algo
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  for r in runs:
+    config_lib.check_fields(r.cfg)
+    obj = run_lib.objective_from_config(r.cfg)
+    config_lib.check_config(r.cfg, obj, mesh)
+    if r.label.startswith(tuple(sweep.BASELINE_AXES)):
+      knob = sweep.BASELINE_AXES[r.cfg.rl.algo][0]
+      assert getattr(obj, knob) == r.cfg.rl.objective[knob], r.label
