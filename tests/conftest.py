@@ -9,6 +9,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -19,3 +21,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+@pytest.fixture(scope="session")
+def tiny_vl(tmp_path_factory):
+  """A random tiny transformers Qwen2.5-VL folder (weights, tokenizer, image processor), built
+  once per test process: (torch model, folder). Tests must not modify either."""
+  from tests.helpers import tiny_vl_folder
+  path = str(tmp_path_factory.mktemp("tiny_vl"))
+  return tiny_vl_folder(path), path

@@ -13,7 +13,7 @@ from flax import nnx
 from dmpo_jax.models import hf, qwen2_5_vl, vision
 from dmpo_jax.models.hf import CheckpointError
 from dmpo_jax.models.vl_processor import VLProcessor
-from tests.helpers import END, IMAGE, START, tiny_vl_folder
+from tests.helpers import END, IMAGE, START
 
 GRIDS = np.array([[1, 4, 6], [1, 8, 8]])  # 24 + 64 patches; 6 + 16 merged tokens
 BUDGET = 100  # patches per call (the images of a batch take at most 88)
@@ -21,11 +21,9 @@ LENGTH = 24  # slots per row
 
 
 @pytest.fixture(scope="module")
-def hf_vl(tmp_path_factory):
-  """A random tiny transformers Qwen2.5-VL saved with a tokenizer and image processor;
-  returns (torch model, folder)."""
-  path = str(tmp_path_factory.mktemp("tiny_vl"))
-  return tiny_vl_folder(path), path
+def hf_vl(tiny_vl):
+  """The session's tiny transformers Qwen2.5-VL folder (conftest.py): (torch model, folder)."""
+  return tiny_vl
 
 
 def _batch(grids, seed):

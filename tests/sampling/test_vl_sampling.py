@@ -14,16 +14,15 @@ from dmpo_jax.training import steps
 from dmpo_jax.models import hf, qwen2_5_vl, vision
 from dmpo_jax.objectives import presets
 from dmpo_jax.sampling import sampler as sampler_lib
-from tests.helpers import END, IMAGE, START, tiny_config, tiny_vl_folder
+from tests.helpers import END, IMAGE, START, tiny_config
 
 C = 3 * 2 * 14 * 14  # pixel values per patch of the tiny config
 
 
 @pytest.fixture(scope="module")
-def vl(tmp_path_factory):
-  """(torch model, our model) of one random tiny Qwen2.5-VL folder."""
-  path = str(tmp_path_factory.mktemp("tiny_vl_sampling"))
-  torch_model = tiny_vl_folder(path)
+def vl(tiny_vl):
+  """(torch model, our model) of the session's tiny Qwen2.5-VL folder (conftest.py)."""
+  torch_model, path = tiny_vl
   model, _ = hf.load(path)
   return torch_model, model
 
