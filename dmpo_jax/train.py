@@ -199,6 +199,8 @@ class Run:
   times: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
       ("sft", "rollout", "reward", "update", "eval", "dph"), 0.0))
   _eval: Any = None    # (sampler, instances, ground truths) of the held-out evaluation
+  truncated: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
+      ("prompt_truncated", "sft_truncated"), 0))  # this process's cuts (results.json)
 
   @property
   def prompt_len(self) -> int:
@@ -237,6 +239,13 @@ class Run:
       return None
     return multimodal.image_inputs(self.vl_cfg, encoder or self.encoder, items, prompt_tokens,
                                    prompt_mask, self.cfg.image.patch_budget)
+
+  def truncations(self) -> dict:
+    """The prompts and SFT answers cut since the last call (a metrics row's counts)."""
+    cut = self.encoder.take_truncated()
+    for k, v in cut.items():
+      self.truncated[k] += v
+    return cut
 
   def timed(self, name: str, fn, *args):
     t0 = time.time()
@@ -404,7 +413,8 @@ def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
         prefetch.warm(lambda s=state.step + 1: run.taskset.train("sft", s, n))
       state, m = update(state, dist.tree_to_global(batch, run.data_sh), sft_step)
       run.times["sft"] += time.time() - t0
-      run.log(state, "sft", {"loss": m["loss"], "grad_norm": m["grad_norm"]}, cfg.sft.steps,
+      run.log(state, "sft", {"loss": m["loss"], "grad_norm": m["grad_norm"], **run.truncations()},
+              cfg.sft.steps,
               {"stage": "sft", "loss": f"{float(m['loss']):.3f}"})
       if state.step % cfg.checkpoint.every == 0 or state.step == cfg.sft.steps:
         run.save(state, "sft")
@@ -434,7 +444,7 @@ def sft_batch(run: Run, step: int) -> dict:
     ids = run.encoder.encode(key, q)
     for s in sols:
       prompts.append(ids)
-      answers.append(run.encoder.answer_ids(key, s))
+      answers.append(run.encoder.answer_ids(key, s, run.completion_len))
   pt, pm = sampling.pad_prompts(prompts, run.prompt_len, run.encoder.pad)
   at, am = pipeline.pad_right(answers, run.completion_len, run.encoder.pad)
   seqs = {"tokens": np.concatenate([pt, at], 1), "prompt_mask": pm}
@@ -509,7 +519,7 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
             f"good checkpoint ({run.ckpt.latest_step()}) is intact. Lower config.rl.lr or check rewards.")
       row = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
       row.update(rollouts.metrics(), rollout_s=rollouts.sample_s, reward_s=rollouts.score_s,
-                 update_s=update_s)
+                 update_s=update_s, **run.truncations())
       run.log(state, "rl", row, total, {"stage": f"rl/{obj.policy_loss}",
                                         "reward": f"{row['reward_mean']:.3f}",
                                         "qr": f"{row['qr_mean']:.3f}", "distinct": f"{row['distinct']:.2f}"})
@@ -571,6 +581,8 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
   results = {"before": {k: before[k] for k in ("per_task", "categories", "overall")},
              "after": {k: after[k] for k in ("per_task", "categories", "overall")},
              "keep_exploration": keep, **keep_collapse, "times_s": run.times,
+             "truncated": {**run.truncated, "eval_before_prompts": before.get("prompt_truncated", 0),
+                           "eval_after_prompts": after.get("prompt_truncated", 0)},
              "steps": {"sft": cfg.sft.steps, "rl": cfg.rl.steps}, "algo": cfg.rl.algo,
              "seed": cfg.seed, "nonfinite_steps": state.counters["nonfinite_total"],
              "wall_s": time.time() - t_start}
