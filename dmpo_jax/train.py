@@ -94,6 +94,8 @@ def train(cfg, workdir: str, allow_config_change=()) -> dict:
   t_start = time.time()
   run, state = setup(cfg, workdir, allow_config_change)
   with ckpt_lib.StopSignal() as stop:
+    if cfg.eval.get("zero_shot") and cfg.sft.steps and state.step == 0:  # the initial policy
+      run.timed("eval", run.evaluate, "zero_shot", state)
     state, stopped = sft_stage(run, state, stop)
     if stopped:
       return run.close_stopped(state)
@@ -586,6 +588,10 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
              "steps": {"sft": cfg.sft.steps, "rl": cfg.rl.steps}, "algo": cfg.rl.algo,
              "seed": cfg.seed, "nonfinite_steps": state.counters["nonfinite_total"],
              "wall_s": time.time() - t_start}
+  zero = (report.read_result(os.path.join(run.workdir, "eval_zero_shot.json"), EVAL_KEYS)[0]
+          if cfg.eval.get("zero_shot") else None)
+  if zero is not None:  # the initial policy, before SFT
+    results["zero_shot"] = {k: zero[k] for k in ("per_task", "categories", "overall")}
   if "modalities" in after:  # a vision-language policy: every modality, before and after RL
     results["modalities"] = {"before": before.get("modalities"), "after": after["modalities"]}
   export = dist.tree_to_host(state.params["model"]) if cfg.checkpoint.export_hf else None  # all processes
@@ -606,6 +612,9 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
   print(f"\n{cfg.rl.algo}, seed {cfg.seed}: before RL -> after RL (held-out {cfg.level} instances, "
         f"{cfg.eval.samples} samples at T={cfg.eval.temperature})")
   print(table)
+  if zero is not None:
+    print(f"\nzero-shot (the initial policy) -> before RL (after {cfg.sft.steps} SFT steps):")
+    print(evaluation.format_table(before, zero))
   if "modalities" in after:
     print(f"\nafter RL, the same instances by modality (table above: {after['modality']}; "
           "blank = the image replaced by a white one):")
