@@ -255,6 +255,9 @@ def main(argv=None):
   ap.add_argument("--max_rss_gib", type=float, default=14.0)
   ap.add_argument("--trl_no_checkpointing", action="store_true",
                   help="also TRL without gradient checkpointing (the issue saw 24 GiB)")
+  ap.add_argument("--skip_trl_checkpointing", action="store_true",
+                  help="leave out TRL with gradient checkpointing (with --trl_no_checkpointing: "
+                  "ours against TRL without it only)")
   ap.add_argument("--side", choices=("ours", "trl", "trl_nockpt"), help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
   if args.side:
@@ -270,7 +273,9 @@ def main(argv=None):
   args.folder = args.folder or default_folder()
   print(f"one GRPO step, {args.prompts} prompts x {args.samples} samples, prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens, {args.micro_batches} micro-batches, float32; {args.folder}")
-  out = {"ours": child(args, "ours"), "trl": child(args, "trl")}
+  out = {"ours": child(args, "ours")}
+  if not args.skip_trl_checkpointing:
+    out["trl"] = child(args, "trl")
   if args.trl_no_checkpointing:
     out["trl_no_checkpointing"] = child(args, "trl_nockpt")
   ours = out["ours"]
