@@ -9,6 +9,7 @@ split's), so training never sees them.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 
@@ -242,7 +243,11 @@ def _round_robin(items, keys) -> list:
 
 
 class PromptEncoder:
-  """Task instance -> prompt token ids, and completion ids -> text to verify."""
+  """Task instance -> prompt token ids, and completion ids -> text to verify.
+
+  Nothing is cut silently: a prompt longer than max_prompt_len loses its first tokens and
+  an SFT answer longer than the completion length its last ones, and each cut is counted in
+  `truncated` ("prompt", "answer"), which the training loop logs (`take_truncated`)."""
 
   def __init__(self, tokenizer, style: str, max_prompt_len: int, chat_template: bool = False):
     if style not in tasks_lib.PROMPT_STYLES:
@@ -255,6 +260,8 @@ class PromptEncoder:
     # stops there, SFT targets end with it), which need not be the tokenizer's EOS.
     self.stop_ids = chat.end_of_turn_ids(tokenizer) if chat_template else ()
     self.end = self.stop_ids[0] if self.stop_ids else self.eos
+    self.truncated = collections.Counter()
+    self._warned = set()  # the first cut of each kind is also printed
 
   def prompt_text(self, key: str, q: dict) -> str:
     return tasks_lib.get(key).prompt(q, self.style)
@@ -267,15 +274,47 @@ class PromptEncoder:
       ids = self.tok.encode(text, add_special_tokens=False)
       if self.bos is not None:
         ids = [self.bos] + ids
-    if len(ids) > self.max_len:
+    if len(ids) > self.max_len and self.style in tasks_lib.IMAGE_STYLES:
+      # a cut would separate image placeholder tokens from the image's patches
       raise ValueError(f"prompt of {key} has {len(ids)} tokens > config.model.max_prompt_len="
                        f"{self.max_len}; raise it or use a smaller level")
+    if len(ids) > self.max_len:
+      # Keep the end (the answer format and, in the chat format, the assistant header the
+      # answer follows) and a leading BOS; the instance's first tokens are lost.
+      if "prompt" not in self._warned:
+        self._warned.add("prompt")
+        print(f"warning: a prompt of {key} has {len(ids)} tokens > config.model.max_prompt_len="
+              f"{self.max_len}; its first tokens are cut (counted as prompt_truncated)", flush=True)
+      self.truncated["prompt"] += 1
+      head = ids[:1] if not self.chat and self.bos is not None else []
+      ids = head + ids[len(ids) - self.max_len + len(head):]
     return ids
 
-  def answer_ids(self, key: str, solution) -> list[int]:
-    """SFT target: the formatted answer then EOS (the end-of-turn token in the chat format)."""
+  def answer_text(self, key: str, solution) -> str:
+    """The text an SFT target writes: the formatted answer, after 'Answer: ' in the
+    `npbench` style (the compact prompt already ends with it), so that the strict verifier
+    reads it back from `texts` in every style."""
     text = tasks_lib.get(key).format_answer(solution)
-    return self.tok.encode(text, add_special_tokens=False) + [self.end]
+    return text if self.style in ("compact", "image") else f"Answer: {text}"
+
+  def answer_ids(self, key: str, solution, max_len: int | None = None) -> list[int]:
+    """SFT target: `answer_text` then EOS (the end-of-turn token in the chat format); with
+    max_len, cut to it and counted in truncated["answer"] (the end token is then lost)."""
+    ids = self.tok.encode(self.answer_text(key, solution), add_special_tokens=False) + [self.end]
+    if max_len is not None and len(ids) > max_len:
+      if "answer" not in self._warned:
+        self._warned.add("answer")
+        print(f"warning: an SFT answer of {key} has {len(ids)} tokens > config.model."
+              f"max_new_tokens={max_len}; it is cut (counted as sft_truncated)", flush=True)
+      self.truncated["answer"] += 1
+      ids = ids[:max_len]
+    return ids
+
+  def take_truncated(self) -> dict[str, int]:
+    """{"prompt_truncated", "sft_truncated"}: the cuts since the last call (then reset)."""
+    out = {"prompt_truncated": self.truncated["prompt"], "sft_truncated": self.truncated["answer"]}
+    self.truncated = collections.Counter()
+    return out
 
   def texts(self, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
     """Completion rows -> the text the verifier reads."""

@@ -103,8 +103,8 @@ SCHEMA: dict[str, Spec] = {
     "prompt_style": Choice(tasks_base.PROMPT_STYLES + tasks_base.IMAGE_STYLES),
     "chat_template": Bool(),
     "stop_at_step": Int(-1),
-    "model.init": Spec((str,), "'scratch' or a local Hugging Face folder",
-                       lambda v: v == "scratch" or os.path.isdir(v)),
+    "model.init": Spec((str,), "'scratch', a local Hugging Face folder or a .gguf file",
+                       lambda v: v == "scratch" or os.path.isdir(v) or (v.endswith(".gguf") and os.path.isfile(v))),
     "model.tokenizer": Str(),
     "model.hidden_size": Int(1), "model.intermediate_size": Int(1), "model.num_layers": Int(1),
     "model.num_heads": Int(1), "model.num_kv_heads": Int(1), "model.head_dim": Int(1),
@@ -131,6 +131,7 @@ SCHEMA: dict[str, Spec] = {
     "eval.num_per_task": Int(1), "eval.samples": Int(1), "eval.k": Int(1),
     "eval.temperature": Float(0), "eval.pass_ks": Ints(1), "eval.batch_prompts": Int(1),
     "eval.modalities": Strs(MODALITIES, optional=True),
+    "eval.zero_shot": Bool(optional=True),  # also evaluate the initial policy (before SFT)
     "checkpoint.every": Int(1), "checkpoint.keep": Int(1), "checkpoint.export_hf": Bool(),
     "mesh.data": MESH_AXIS, "mesh.fsdp": MESH_AXIS, "mesh.tensor": MESH_AXIS,
     "log.every": Int(1), "log.tensorboard": Bool(), "log.plots": Bool(), "log.progress": Bool(),

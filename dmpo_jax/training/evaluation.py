@@ -48,6 +48,7 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
   if not 1 <= k <= samples or any(not 1 <= p <= samples for p in pass_ks):
     raise ValueError(f"k={k} and pass_ks={tuple(pass_ks)} must lie in 1..samples={samples}")
   problems, correct = [], []
+  cut0 = encoder.truncated["prompt"]  # this evaluation's cuts are its own, not the training's
   chunks = range(0, len(items), batch_prompts)
   if progress:
     from tqdm import tqdm
@@ -78,6 +79,8 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
         correct.append((key, stats["feasible"][i].tolist(), stats["optimal"][i].tolist()))
       problems.append((key, s))
   out = summarize(problems, k)
+  out["prompt_truncated"] = encoder.truncated["prompt"] - cut0
+  encoder.truncated["prompt"] = cut0
   if collapse is not None:  # per task, per problem, per sample: keep / exploration after RL
     out["correct"] = {name: {t: [c[j] for c in correct if c[0] == t] for t in out["per_task"]}
                       for j, name in ((1, "feasible"), (2, "optimal"))}

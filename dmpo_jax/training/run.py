@@ -98,6 +98,8 @@ class Run:
   times: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
       ("sft", "rollout", "reward", "update", "eval", "dph"), 0.0))
   _eval: Any = None    # (sampler, instances, ground truths) of the held-out evaluation
+  truncated: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
+      ("prompt_truncated", "sft_truncated"), 0))  # this process's cuts (results.json)
 
   @property
   def prompt_len(self) -> int:
@@ -136,6 +138,13 @@ class Run:
       return None
     return multimodal.image_inputs(self.vl_cfg, encoder or self.encoder, items, prompt_tokens,
                                    prompt_mask, self.cfg.image.patch_budget)
+
+  def truncations(self) -> dict:
+    """The prompts and SFT answers cut since the last call (a metrics row's counts)."""
+    cut = self.encoder.take_truncated()
+    for k, v in cut.items():
+      self.truncated[k] += v
+    return cut
 
   def timed(self, name: str, fn, *args):
     t0 = time.time()

@@ -31,7 +31,7 @@ from dmpo_jax.training import dph, evaluation, report, steps
 from dmpo_jax.data import pipeline
 from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.rollout import collect_rollouts
-from dmpo_jax.training.run import Run, TrainingError, setup
+from dmpo_jax.training.run import EVAL_KEYS, Run, TrainingError, setup
 from dmpo_jax.training.state import TrainState
 from dmpo_jax.training.update import micro_batches, update
 
@@ -43,6 +43,8 @@ def train(cfg, workdir: str, allow_config_change=()) -> dict:
   t_start = time.time()
   run, state = setup(cfg, workdir, allow_config_change)
   with ckpt_lib.StopSignal() as stop:
+    if cfg.eval.get("zero_shot") and cfg.sft.steps and state.step == 0:  # the initial policy
+      run.timed("eval", run.evaluate, "zero_shot", state)
     state, stopped = sft_stage(run, state, stop)
     if stopped:
       return run.close_stopped(state)
@@ -72,8 +74,8 @@ def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
         prefetch.warm(lambda s=state.step + 1: run.taskset.train("sft", s, n))
       state, m = update(state, dist.tree_to_global(batch, run.data_sh), sft_step)
       run.times["sft"] += time.time() - t0
-      run.log(state, "sft", {"loss": m["loss"], "grad_norm": m["grad_norm"]}, cfg.sft.steps,
-              {"stage": "sft", "loss": f"{float(m['loss']):.3f}"})
+      run.log(state, "sft", {"loss": m["loss"], "grad_norm": m["grad_norm"], **run.truncations()},
+              cfg.sft.steps, {"stage": "sft", "loss": f"{float(m['loss']):.3f}"})
       if state.step % cfg.checkpoint.every == 0 or state.step == cfg.sft.steps:
         run.save(state, "sft")
       if run.maybe_stop(state, "sft", stop):
@@ -102,7 +104,7 @@ def sft_batch(run: Run, step: int) -> dict:
     ids = run.encoder.encode(key, q)
     for s in sols:
       prompts.append(ids)
-      answers.append(run.encoder.answer_ids(key, s))
+      answers.append(run.encoder.answer_ids(key, s, run.completion_len))
   pt, pm = sampling.pad_prompts(prompts, run.prompt_len, run.encoder.pad)
   at, am = pipeline.pad_right(answers, run.completion_len, run.encoder.pad)
   seqs = {"tokens": np.concatenate([pt, at], 1), "prompt_mask": pm}
@@ -181,7 +183,7 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
             f"good checkpoint ({run.ckpt.latest_step()}) is intact. Lower config.rl.lr or check rewards.")
       row = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
       row.update(rollouts.metrics(), rollout_s=rollouts.sample_s, reward_s=rollouts.score_s,
-                 update_s=update_s)
+                 update_s=update_s, **run.truncations())
       run.log(state, "rl", row, total, {"stage": f"rl/{obj.policy_loss}",
                                         "reward": f"{row['reward_mean']:.3f}",
                                         "qr": f"{row['qr_mean']:.3f}", "distinct": f"{row['distinct']:.2f}"})
@@ -252,9 +254,15 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
   results = {"before": {k: before[k] for k in ("per_task", "categories", "overall")},
              "after": {k: after[k] for k in ("per_task", "categories", "overall")},
              "keep_exploration": keep, **keep_collapse, "times_s": run.times,
+             "truncated": {**run.truncated, "eval_before_prompts": before.get("prompt_truncated", 0),
+                           "eval_after_prompts": after.get("prompt_truncated", 0)},
              "steps": {"sft": cfg.sft.steps, "rl": cfg.rl.steps}, "algo": cfg.rl.algo,
              "seed": cfg.seed, "nonfinite_steps": state.counters["nonfinite_total"],
              "wall_s": time.time() - t_start}
+  zero = (report.read_result(os.path.join(run.workdir, "eval_zero_shot.json"), EVAL_KEYS)[0]
+          if cfg.eval.get("zero_shot") else None)
+  if zero is not None:  # the initial policy, before SFT
+    results["zero_shot"] = {k: zero[k] for k in ("per_task", "categories", "overall")}
   if "modalities" in after:  # a vision-language policy: every modality, before and after RL
     results["modalities"] = {"before": before.get("modalities"), "after": after["modalities"]}
   export = dist.tree_to_host(state.params["model"]) if cfg.checkpoint.export_hf else None  # all processes
@@ -275,6 +283,9 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
   print(f"\n{cfg.rl.algo}, seed {cfg.seed}: before RL -> after RL (held-out {cfg.level} instances, "
         f"{cfg.eval.samples} samples at T={cfg.eval.temperature})")
   print(table)
+  if zero is not None:
+    print(f"\nzero-shot (the initial policy) -> before RL (after {cfg.sft.steps} SFT steps):")
+    print(evaluation.format_table(before, zero))
   if "modalities" in after:
     print(f"\nafter RL, the same instances by modality (table above: {after['modality']}; "
           "blank = the image replaced by a white one):")

