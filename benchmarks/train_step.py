@@ -130,7 +130,7 @@ def main(argv=None):
   from dmpo_jax.tasks import rewards as rewards_lib
   from dmpo_jax.sampling import make_sampler
   from dmpo_jax.training import TrainState, collect_rollouts, update
-  from dmpo_jax.training.update import auto_micro_batches, make_optimizer
+  from dmpo_jax.training.steps import auto_micro_batches, make_optimizer
   from sampler import DEFAULT_CONFIG, matmul_rate
 
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -91,7 +91,7 @@ def run_ours(args) -> dict:
   from dmpo_jax.sampling import make_sampler
   from dmpo_jax.data import pipeline
   from dmpo_jax.training import TrainState, collect_rollouts, steps, update
-  from dmpo_jax.training.update import make_optimizer
+  from dmpo_jax.training.steps import make_optimizer
   from sampler import matmul_rate
   from train_step import update_flops
 

@@ -2,21 +2,25 @@
 
     state = TrainState(params, opt_state, step, key)           # state.py
     rollouts = collect_rollouts(sampler, state.params, items, encoder, key=state.rl_key(), ...)
-    state, metrics = update(state, rollouts.batch(data_sh), rl_step)   # update.py
+    state, metrics = update(state, rollouts.batch(data_sh), rl_step)   # steps.py
 
-rollout.py  `collect_rollouts` (sampling overlapped with
-            host scoring, reward shaping) and its typed result `Rollouts`
-update.py   optimizers, micro-batching, `update` (one step of a jitted
-            `steps.make_rl_step` / `make_sft_step`)
-state.py    `TrainState`, the checkpoint record, the run's random streams
-dph.py      DPH-RL pre-sampling, its store, and the step's instances
-run.py     the run context (`Run`: config, model, shardings, optimizers, data, outputs), `setup`
-stages.py  `train(cfg, workdir)`: SFT, evaluation, DPH pre-sampling, RL, evaluation, results
+rollout.py     `collect_rollouts` (sampling overlapped with host scoring, reward shaping) and
+               its typed result `Rollouts`
+steps.py       log-probs, the jitted SFT and RL steps (`make_sft_step`, `make_rl_step`),
+               optimizers, micro-batching, and `update` (one step on a batch)
+state.py       `TrainState`, the checkpoint record, the run's random streams
+dph.py         DPH-RL pre-sampling, its store, and the step's instances
+run.py         the run context (`Run`: config, objective, shardings, optimizers, data, outputs),
+               `setup`
+stages.py      `train(cfg, workdir)`: SFT, evaluation, DPH pre-sampling, RL, evaluation, results
+config.py      the config schema, check_config, the resume contract, config files by path
+evaluation.py  SR/QR, pass@k and diversity on held-out instances; points.py along RL
+checkpoint.py  orbax checkpoints; report.py metrics, JSON files, plots
 `python -m dmpo_jax.train` is their command line; docs/ARCHITECTURE.md follows one step.
 """
 
 from dmpo_jax.training.rollout import Rollouts, collect_rollouts
 from dmpo_jax.training.state import TrainState
-from dmpo_jax.training.update import make_optimizer, update
+from dmpo_jax.training.steps import make_optimizer, update
 
 __all__ = ["Rollouts", "TrainState", "collect_rollouts", "make_optimizer", "update"]

@@ -30,7 +30,7 @@ from dmpo_jax.data import instances, pipeline
 from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.config import check_config, task_keys
 from dmpo_jax.training.state import LOG_Z_SEED_OFFSET, TrainState, checkpoint_meta
-from dmpo_jax.training.update import make_optimizer
+from dmpo_jax.training.steps import make_optimizer
 
 
 EVAL_KEYS = ("per_task", "categories", "overall", "solved")  # an eval_*.json that lacks one is damaged

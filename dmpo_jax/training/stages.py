@@ -33,7 +33,7 @@ from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.rollout import collect_rollouts
 from dmpo_jax.training.run import EVAL_KEYS, Run, TrainingError, setup
 from dmpo_jax.training.state import TrainState
-from dmpo_jax.training.update import micro_batches, update
+from dmpo_jax.training.steps import micro_batches, update
 
 
 def train(cfg, workdir: str, allow_config_change=()) -> dict:

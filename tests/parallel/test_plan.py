@@ -113,7 +113,7 @@ def test_vision_tower_parameter_count_matches_a_built_model():
 def test_vl_planner_matches_measured_bytes():
   """Params and AdamW state of a VL model placed on 8 devices, as the trainer's optimizer
   allocates it: moments for a trained tower, none for a frozen one."""
-  from dmpo_jax.training.update import make_optimizer
+  from dmpo_jax.training.steps import make_optimizer
   from dmpo_jax.models.qwen2_5_vl import Qwen2_5_VL
   cfg = _tiny_vl()
   _, state = nnx.split(Qwen2_5_VL(cfg, rngs=nnx.Rngs(0)))
