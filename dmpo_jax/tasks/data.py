@@ -26,7 +26,7 @@ import os
 import tempfile
 from typing import Iterable, Iterator
 
-from dmpo_jax import tasks as _tasks
+from dmpo_jax import tasks as tasks_lib
 
 REQUIRED = ("question", "task_type")
 # NP-Bench's evaluation tests the key for these substrings in this order.
@@ -127,10 +127,10 @@ def check_record(path: str, name: str, r) -> None:
   missing = [k for k in REQUIRED if k not in r]
   if missing:
     raise DataError(f"{path}: record {name} lacks {missing}")
-  if r["task_type"] not in _tasks.names():
+  if r["task_type"] not in tasks_lib.names():
     raise DataError(f"{path}: record {name} has unknown task_type {r['task_type']!r}; "
-                    f"choose from {_tasks.names()}")
-  task = _tasks.get(r["task_type"])
+                    f"choose from {tasks_lib.names()}")
+  task = tasks_lib.get(r["task_type"])
   if not isinstance(r["question"], dict):
     raise DataError(f"{path}: record {name}: question must be an object")
   try:
@@ -146,8 +146,8 @@ def check_record(path: str, name: str, r) -> None:
       raise DataError(f"{path}: record {name}: ground_truth={shown} {e}") from None
   if "prompt" in r and not (isinstance(r["prompt"], str) and r["prompt"].strip()):
     raise DataError(f"{path}: record {name}: prompt must be non-empty text")
-  if r.get("level") is not None and r["level"] not in _tasks.LEVELS:
-    raise DataError(f"{path}: record {name}: level {r['level']!r} is not one of {_tasks.LEVELS}")
+  if r.get("level") is not None and r["level"] not in tasks_lib.LEVELS:
+    raise DataError(f"{path}: record {name}: level {r['level']!r} is not one of {tasks_lib.LEVELS}")
   if r.get("key") and not r["key"].startswith(r["task_type"] + "_"):
     raise DataError(f"{path}: record {name}: key names another task than its task_type "
                     f"{r['task_type']!r} (NP-Bench keys are <task>_<level>_question<N>)")
@@ -232,14 +232,14 @@ def write_jsonl(records: Iterable[dict], path: str) -> int:
 def make_record(task_key: str, seed: int, level: str, *, style: str = "npbench",
                 exact: bool = False, exact_time_limit: float = 10.0) -> dict:
   """One NP-Bench record of `task_key` (`Task.record`)."""
-  return _tasks.get(task_key).record(seed, level, style=style, exact=exact,
+  return tasks_lib.get(task_key).record(seed, level, style=style, exact=exact,
                                      exact_time_limit=exact_time_limit)
 
 
 def generate(task_keys, level: str, num: int, *, seed0: int = 0, style: str = "npbench",
              exact: bool = False, progress: bool = False) -> Iterator[dict]:
   """num records per task; seeds seed0..seed0+num-1 (disjoint ranges make disjoint splits)."""
-  keys = _tasks.names() if task_keys in (None, "all") else list(task_keys)
+  keys = tasks_lib.names() if task_keys in (None, "all") else list(task_keys)
   jobs = [(k, seed0 + i) for k in keys for i in range(num)]
   if progress:
     from tqdm import tqdm
@@ -253,18 +253,18 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description="Generate NP-Bench-format instances.")
   ap.add_argument("--out", required=True, help="output folder")
   ap.add_argument("--tasks", default="all", help="comma-separated task keys, or 'all'")
-  ap.add_argument("--level", default="easy", choices=_tasks.LEVELS)
+  ap.add_argument("--level", default="easy", choices=tasks_lib.LEVELS)
   ap.add_argument("--num", type=int, default=100, help="instances per task")
   ap.add_argument("--seed", type=int, default=0, help="first seed")
-  ap.add_argument("--style", default="npbench", choices=_tasks.PROMPT_STYLES)
+  ap.add_argument("--style", default="npbench", choices=tasks_lib.PROMPT_STYLES)
   ap.add_argument("--exact", action="store_true", help="also solve exactly (CP-SAT/DP)")
   ap.add_argument("--format", default="jsonl", choices=("jsonl", "npbench", "tfds"),
                   help="npbench: one JSON object keyed <task>_<level>_question<N>, as NP_Bench.json")
   args = ap.parse_args(argv)
   keys = None if args.tasks == "all" else args.tasks.split(",")
   for k in keys or []:
-    if k not in _tasks.names():
-      ap.error(f"unknown task {k!r}; choose from {_tasks.names()}")
+    if k not in tasks_lib.names():
+      ap.error(f"unknown task {k!r}; choose from {tasks_lib.names()}")
   if args.format == "jsonl":
     path = os.path.join(args.out, f"npbench_{args.level}.jsonl")
     n = write_jsonl(generate(keys, args.level, args.num, seed0=args.seed, style=args.style,
@@ -279,7 +279,7 @@ def main(argv=None):
     print(f"wrote {n} records to {path}")
   else:
     from dmpo_jax.tasks import tfds_builder
-    for k in keys or _tasks.names():
+    for k in keys or tasks_lib.names():
       b = tfds_builder.NpBench(config=tfds_builder.config_name(k, args.level), data_dir=args.out,
                                num_train=args.num, num_test=max(1, args.num // 10))
       b.download_and_prepare()

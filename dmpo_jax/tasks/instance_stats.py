@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 
-from dmpo_jax import tasks as _tasks
+from dmpo_jax import tasks as tasks_lib
 
 
 def _density(adj: dict) -> tuple[int, float]:
@@ -77,7 +77,7 @@ def mean_stats(rows: list[dict]) -> dict:
 
 def level_stats(key: str, level: str, num: int = 200, seed0: int = 0) -> dict:
   """Mean statistics of our generator over seeds seed0..seed0+num-1."""
-  t = _tasks.get(key)
+  t = tasks_lib.get(key)
   rows = []
   for s in range(seed0, seed0 + num):
     q, sol = t.generate_with_solution(s, level)
@@ -92,7 +92,7 @@ def main(argv=None):
   ap.add_argument("--tasks", default="all")
   ap.add_argument("--levels", default="easy,medium,hard,bench")
   args = ap.parse_args(argv)
-  keys = _tasks.names() if args.tasks == "all" else args.tasks.split(",")
+  keys = tasks_lib.names() if args.tasks == "all" else args.tasks.split(",")
   for key in keys:
     for level in args.levels.split(","):
       st = level_stats(key, level, args.num)

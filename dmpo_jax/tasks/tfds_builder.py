@@ -18,7 +18,7 @@ import json
 import numpy as np
 import tensorflow_datasets as tfds
 
-from dmpo_jax import tasks as _tasks
+from dmpo_jax import tasks as tasks_lib
 
 TEST_SEED0 = 1_000_000
 
@@ -41,7 +41,7 @@ class NpBench(tfds.core.GeneratorBasedBuilder):
   name = "np_bench"
   VERSION = tfds.core.Version("1.0.0")
   BUILDER_CONFIGS = [NpBenchConfig(task_key=k, level=lv)
-                     for k in _tasks.names() for lv in _tasks.LEVELS]
+                     for k in tasks_lib.names() for lv in tasks_lib.LEVELS]
 
   def __init__(self, *, num_train: int = 1000, num_test: int = 100, style: str = "compact",
                file_format: str = "array_record", **kwargs):
@@ -69,7 +69,7 @@ class NpBench(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(self, seed0: int, num: int):
     cfg = self.builder_config
     for i in range(num):
-      r = _tasks.get(cfg.task_key).record(seed0 + i, cfg.level, style=self._style)
+      r = tasks_lib.get(cfg.task_key).record(seed0 + i, cfg.level, style=self._style)
       yield seed0 + i, {"prompt": r["prompt"], "question": json.dumps(r["question"]),
                         "task_type": r["task_type"], "level": r["level"], "seed": r["seed"],
                         "ground_truth": float(r["ground_truth"])}
