@@ -193,3 +193,21 @@ def adam_lr_sum(cfg) -> float:
   """An upper bound on the sum of the learning rates of a training config's Adam steps (the
   schedules never exceed their peak lr)."""
   return cfg.sft.lr * max(cfg.sft.steps, 0) + cfg.rl.lr * max(cfg.rl.steps, 0)
+
+
+TIMINGS = {"rollout_s", "reward_s", "update_s"}  # metrics that differ between identical runs
+
+
+def saved_state(workdir, step):
+  """The params and optimizer state of a workdir's checkpoint, as numpy leaves."""
+  import jax
+  import orbax.checkpoint as ocp
+  state = ocp.PyTreeCheckpointer().restore(str(workdir / "checkpoints" / str(step) / "state"))
+  return jax.tree.map(np.asarray, state)
+
+
+def metric_rows(workdir):
+  """A workdir's metrics.jsonl rows without the timings."""
+  import json
+  rows = [json.loads(l) for l in open(workdir / "metrics.jsonl")]
+  return [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]

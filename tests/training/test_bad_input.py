@@ -11,7 +11,6 @@ import shutil
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from absl import flags
 
@@ -20,11 +19,10 @@ from dmpo_jax.training import run as run_lib
 from dmpo_jax.training import stages
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
-from tests.helpers import REPO, config_module, smoke
+from tests.helpers import REPO, config_module, metric_rows, saved_state, smoke
 
 CONFIG = os.path.join(REPO, "configs", "nphard.py")
 BASE = [f"--config={CONFIG}:smoke", "--config.log.tensorboard=False"]
-TIMINGS = {"rollout_s", "reward_s", "update_s"}
 
 
 def train_cli(argv, capsys) -> tuple[int, str]:
@@ -320,15 +318,6 @@ def test_evaluate_any_k_and_prompts_past_the_context(finished, tmp_path, capsys)
   assert_refused(code, err, ("long.json: record 'TSP_easy_question1': prompt has", "context"))
   assert not (tmp_path / "out2").exists()
 
-
-def saved_state(workdir, step):
-  state = ocp.PyTreeCheckpointer().restore(str(workdir / "checkpoints" / str(step) / "state"))
-  return jax.tree.map(np.asarray, state)
-
-
-def metric_rows(workdir):
-  rows = [json.loads(l) for l in open(workdir / "metrics.jsonl")]
-  return [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]
 
 
 @pytest.mark.slow

@@ -2,19 +2,16 @@
 process, ends bit-identical to an uninterrupted run (params, optimizer state, every logged
 metric but timings)."""
 
-import json
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import stages
 from dmpo_jax.objectives import presets
-from tests.helpers import smoke
+from tests.helpers import metric_rows, saved_state, smoke
 
-TIMINGS = {"rollout_s", "reward_s", "update_s"}
 # One SFT step, three RL steps on a 2-device mesh; a checkpoint every step keeping one, so
 # rotation runs. The suite's persistent compilation cache (conftest.py) compiles each program
 # once for the three runs of a preset.
@@ -22,16 +19,6 @@ DRILL = {"sft.steps": 1, "rl.steps": 3, "checkpoint.every": 1, "checkpoint.keep"
          "checkpoint.export_hf": False, "log.plots": False, "tasks": "subset-sum,knapsack",
          "eval.num_per_task": 4}
 
-
-def saved_state(workdir, step):
-  """The params and optimizer state of a checkpoint, as numpy leaves."""
-  state = ocp.PyTreeCheckpointer().restore(str(workdir / "checkpoints" / str(step) / "state"))
-  return jax.tree.map(np.asarray, state)
-
-
-def metric_rows(workdir):
-  rows = [json.loads(l) for l in open(workdir / "metrics.jsonl")]
-  return [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]
 
 
 @pytest.mark.slow
