@@ -45,8 +45,11 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
   chunk's image inputs, passed to sample_fn as a fourth argument."""
   if success not in SUCCESS:
     raise ValueError(f"success={success!r}; choose one of {SUCCESS}")
-  if not 1 <= k <= samples or any(not 1 <= p <= samples for p in pass_ks):
-    raise ValueError(f"k={k} and pass_ks={tuple(pass_ks)} must lie in 1..samples={samples}")
+  if not 1 <= k <= samples or any(p < 1 for p in pass_ks):
+    raise ValueError(f"k={k} must lie in 1..samples={samples} and pass_ks={tuple(pass_ks)} be >= 1")
+  # pass@k needs k <= samples: an evaluation reports the ks its own sample count allows (the
+  # config check refuses a k that no evaluation of the run samples enough for).
+  pass_ks = tuple(p for p in pass_ks if p <= samples)
   problems, correct = [], []
   cut0 = encoder.truncated["prompt"]  # this evaluation's cuts are its own, not the training's
   chunks = range(0, len(items), batch_prompts)

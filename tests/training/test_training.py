@@ -165,6 +165,15 @@ def test_evaluation_scores_a_sampler(encoder):
   assert all(v["distinct"] <= 1.0 for v in res["per_task"].values())  # three identical answers
   table = evaluation.format_table(res, res)
   assert "overall (category mean)" in table and "->" in table
+  # pass@k beyond the evaluation's sample count is left out (the run's other evaluations may
+  # sample enough for it: configs/collapse.py asks pass@64 of its points and 16 samples here)
+  res = evaluation.evaluate(sample_fn, encoder, items, samples=3, k=3, pass_ks=(1, 3, 64),
+                            rng=jax.random.key(0), batch_prompts=3, prompt_len=LP,
+                            reward_cfg=rewards_lib.RewardConfig())
+  assert "pass@3" in res["overall"] and "pass@64" not in res["overall"]
+  with pytest.raises(ValueError, match="k=4 must lie in 1..samples=3"):
+    evaluation.evaluate(sample_fn, encoder, items, samples=3, k=4, rng=jax.random.key(0),
+                        batch_prompts=3, prompt_len=LP, reward_cfg=rewards_lib.RewardConfig())
 
 
 def test_evaluation_success_as_npbench_counts_it(encoder):
