@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 
-from dmpo_jax.tasks.data import atomic_write
+from dmpo_jax.files import atomic_write
 from dmpo_jax.data import pipeline
 from dmpo_jax.data import splits as splits_lib
 

@@ -359,6 +359,17 @@ def proven_optimum(key: str, q: dict, time_limit: float = 10.0):
   return memo[1]
 
 
+def sft_solutions(key: str, q: dict, n: int, *, seed: int, optimal: bool, collapse: Collapse) -> list:
+  """Up to n distinct SFT target solutions of an instance: drawn uniformly from its enumerated
+  optima (optimal=True; collapse's limit and time limit) or the task's sampled feasible
+  solutions of varied quality."""
+  task = tasks_lib.get(key)
+  if optimal:
+    return task.sample_optimal_solutions(q, n, seed=seed, limit=collapse.limit,
+                                         time_limit=collapse.time_limit)
+  return task.sample_solutions(q, n, seed=seed)
+
+
 def score_groups(items, texts: list[str], group: int, reward_cfg: rewards_lib.RewardConfig,
                  ground_truths: list[float] | None = None, collapse: Collapse | None = None,
                  correct: str | None = None, answers: bool = False):

@@ -23,10 +23,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from typing import Iterable, Iterator
 
 from dmpo_jax import tasks as tasks_lib
+from dmpo_jax.files import atomic_write
 
 REQUIRED = ("question", "task_type")
 # NP-Bench's evaluation tests the key for these substrings in this order.
@@ -201,20 +201,6 @@ def write_npbench(records: Iterable[dict], path: str) -> int:
          for k, r in zip(keys, records)}
   atomic_write(path, lambda f: json.dump(obj, f, indent=1))
   return len(obj)
-
-
-def atomic_write(path: str, write) -> None:
-  """Write through a temp file renamed into place: no half-written files."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      write(f)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
 
 
 def write_jsonl(records: Iterable[dict], path: str) -> int:

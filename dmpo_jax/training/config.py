@@ -24,10 +24,9 @@ import os
 import re
 from typing import Any, Callable
 
-from dmpo_jax import tasks as tasks_lib
+from dmpo_jax.data import domain
 from dmpo_jax.objectives import presets, terms
 from dmpo_jax.parallel import sharding
-from dmpo_jax.tasks import base as tasks_base
 
 
 class ConfigError(ValueError):
@@ -99,8 +98,8 @@ MESH_AXIS = Int(1, extra=(-1,))  # -1: all remaining devices
 SCHEMA: dict[str, Spec] = {
     "seed": Int(0),
     "tasks": Str(),
-    "level": Choice(tasks_base.LEVELS),
-    "prompt_style": Choice(tasks_base.PROMPT_STYLES + tasks_base.IMAGE_STYLES),
+    "level": Choice(domain.LEVELS),
+    "prompt_style": Choice(domain.PROMPT_STYLES + domain.IMAGE_STYLES),
     "chat_template": Bool(),
     "stop_at_step": Int(-1),
     "model.init": Spec((str,), "'scratch', a local Hugging Face folder or a .gguf file",
@@ -127,7 +126,7 @@ SCHEMA: dict[str, Spec] = {
     "rl.objective.*": ANY,  # each checked by presets.objective_config, which names it
     "rl.reward.format_bonus": Float(0, open_lo=False), "rl.reward.cap": Float(0),
     "rl.reward.ground_truth": Choice(("reference", "optimal")),
-    "rl.reward.compat": Choice(tasks_base.COMPAT),
+    "rl.reward.compat": Choice(domain.COMPAT),
     "eval.num_per_task": Int(1), "eval.samples": Int(1), "eval.k": Int(1),
     "eval.temperature": Float(0), "eval.pass_ks": Ints(1), "eval.batch_prompts": Int(1),
     "eval.modalities": Strs(MODALITIES, optional=True),
@@ -209,7 +208,7 @@ def check_fields(cfg) -> None:
 def task_keys(cfg) -> list[str]:
   """config.tasks: "all", or task keys separated by "," or "+"."""
   if cfg.tasks == "all":
-    return tasks_lib.names()
+    return domain.names()
   return [k.strip() for k in cfg.tasks.replace("+", ",").split(",") if k.strip()]
 
 
@@ -230,11 +229,11 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
   the first field that is wrong. Runs before anything is built or written."""
   check_fields(cfg)
   keys = task_keys(cfg)
-  unknown = [k for k in keys if k not in tasks_lib.names()]
+  unknown = [k for k in keys if k not in domain.names()]
   if unknown or not keys:
     raise ConfigError(f"config.tasks={cfg.tasks!r}: unknown task(s) {unknown}"
-                      f"{suggest(unknown[0], tasks_lib.names()) if unknown else ''}; "
-                      f"choose 'all' or keys of {tasks_lib.names()}")
+                      f"{suggest(unknown[0], domain.names()) if unknown else ''}; "
+                      f"choose 'all' or keys of {domain.names()}")
   m = cfg.model
   if m.num_heads % m.num_kv_heads:
     raise ConfigError(f"config.model.num_kv_heads={m.num_kv_heads} must divide "
@@ -287,10 +286,10 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
       raise ConfigError(f"config.eval.num_per_task={cfg.eval.num_per_task} exceeds config.collapse.pool="
                         f"{c.pool}: with a pool, evaluation is on the pool's instances")
   if cfg.sft.targets == "optimal":
-    missing = [k for k in keys if not tasks_lib.get(k).has_optima]
+    missing = [k for k in keys if not domain.get(k).has_optima]
     if missing:
       raise ConfigError(f"config.sft.targets='optimal' needs optimal-solution enumeration, which "
-                        f"{missing} lack (config.tasks); supported: {tasks_lib.with_optima()}")
+                        f"{missing} lack (config.tasks); supported: {domain.with_optima()}")
 
 
 # ---------------------------------------------------------------------------

@@ -13,8 +13,7 @@ import jax
 import numpy as np
 
 from dmpo_jax.parallel import distributed as dist
-from dmpo_jax.data import pipeline
-from dmpo_jax import tasks as tasks_lib
+from dmpo_jax.data import domain, pipeline
 from dmpo_jax.tasks import diversity, scoring
 from dmpo_jax import sampling
 
@@ -98,7 +97,7 @@ def collapse_scores(stats: dict, i: int, key: str, pass_ks) -> dict:
   (`diversity.max_at_k`), k in pass_ks."""
   out = {k: float(stats[k][i]) for k in pipeline.COLLAPSE_STATS}
   ks = tuple(k for k in pass_ks if k <= stats["feasible"].shape[1])
-  supported = tasks_lib.get(key).has_optima
+  supported = domain.get(key).has_optima
   opt = diversity.pass_at_k_curve(stats["optimal"][i][None], ks) if supported else [np.nan] * len(ks)
   feas = diversity.pass_at_k_curve(stats["feasible"][i][None], ks)
   for k, o, f in zip(ks, opt, feas):
@@ -114,7 +113,7 @@ def summarize(problems, k: int = 3) -> dict:
   for key in dict.fromkeys(keys):
     rows = [s for k, s in problems if k == key]
     per_task[key] = {m: float(np.mean([r[m] for r in rows])) for m in rows[0]}
-  agg = scoring.aggregate(scores, [tasks_lib.get(k).category for k in keys])
+  agg = scoring.aggregate(scores, [domain.get(k).category for k in keys])
   return {"per_task": per_task, "categories": agg["categories"], "overall": agg["overall"],
           "num_problems": len(problems), "k": k,
           # per task, whether each problem was solved (SR@k): keep/exploration rates

@@ -9,7 +9,7 @@ import tempfile
 
 import numpy as np
 
-from dmpo_jax.tasks.data import atomic_write
+from dmpo_jax.files import atomic_write
 
 
 def write_json(obj, path: str) -> None:

@@ -16,17 +16,15 @@ from flax import nnx
 
 from dmpo_jax import sampling
 from dmpo_jax.data import images as multimodal
-from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import build as model_build
 from dmpo_jax.objectives import flowrl, presets
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.parallel import sharding
 from dmpo_jax.sampling import sampler as sampler_lib
-from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
 from dmpo_jax.training import evaluation, report
-from dmpo_jax.data import instances, pipeline
+from dmpo_jax.data import domain, instances, pipeline
 from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.config import check_config, task_keys
 from dmpo_jax.training.state import LOG_Z_SEED_OFFSET, TrainState, checkpoint_meta
@@ -79,7 +77,7 @@ class Run:
   obj: presets.ObjectiveConfig
   mesh: Any
   taskset: pipeline.TaskSet
-  reward_cfg: rewards_lib.RewardConfig
+  reward_cfg: domain.RewardConfig
   tok: Any
   encoder: pipeline.PromptEncoder
   graphdef: Any
@@ -187,7 +185,7 @@ class Run:
     if self._eval is None:  # one sampler (one compilation) and one instance set for both
       items = self.taskset.held_out(cfg.eval.num_per_task)
       self._eval = (self.sampler(self.sampling_config(cfg.eval.samples, cfg.eval.temperature)),
-                    items, [tasks_lib.get(k).reference_value(q) for k, q in items])
+                    items, [domain.get(k).reference_value(q) for k, q in items])
     sampler, items, ground_truths = self._eval
     run = lambda encoder, prompt_len, images: evaluation.evaluate(
         lambda pt, pm, rng, *im: sampler(state.params, pt, pm, rng, *im)[:2], encoder, items,
@@ -238,7 +236,7 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
   write_config = config_lib.check_resume(cfg, workdir, allow_config_change)
   eval_points.check_config(cfg)
   taskset = instances.taskset_from_config(cfg, task_keys(cfg))
-  reward_cfg = rewards_lib.RewardConfig(**dict(cfg.rl.reward))
+  reward_cfg = domain.RewardConfig(**dict(cfg.rl.reward))
 
   model, tok = model_build.build(cfg)
   processor, vl_cfg = (tok, model.cfg) if model_build.is_vlm(model) else (None, None)

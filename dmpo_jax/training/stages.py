@@ -20,12 +20,11 @@ from flax import nnx
 
 from dmpo_jax import sampling
 from dmpo_jax.data import images as multimodal
-from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import hf
 from dmpo_jax.objectives import presets
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.parallel import sharding
-from dmpo_jax.tasks import diversity
+from dmpo_jax.tasks import diversity, scoring
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import dph, evaluation, report, steps
 from dmpo_jax.data import pipeline
@@ -94,9 +93,7 @@ def sft_batch(run: Run, step: int) -> dict:
   prompts, answers = [], []
   items = run.taskset.train("sft", step, cfg.sft.batch_size // per)
   for key, q in items:
-    task = tasks_lib.get(key)
-    sols = (task.sample_optimal_solutions(q, per, seed=step, limit=c.limit, time_limit=c.time_limit)
-            if optimal else task.sample_solutions(q, per, seed=step))
+    sols = pipeline.sft_solutions(key, q, per, seed=step, optimal=optimal, collapse=c)
     if not sols:
       raise TrainingError(f"config.sft.targets='optimal': {key} instance at SFT step {step} has no "
                           "solution to train on (config.collapse.min_optima=0 admits such instances)")
@@ -248,7 +245,7 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
     run.progress.close()
   run.writer.close()
   after = run.timed("eval", run.evaluate, "after", state)
-  keep = {k: tasks_lib.scoring.keep_and_exploration(before["solved"][k], after["solved"][k])
+  keep = {k: scoring.keep_and_exploration(before["solved"][k], after["solved"][k])
           for k in after["solved"]}
   keep_collapse = collapse_keep_exploration(cfg, before, after)
   results = {"before": {k: before[k] for k in ("per_task", "categories", "overall")},
