@@ -158,7 +158,7 @@ def main(argv=None):
 
   def one_step(update_fn, train_state, i):
     """training.collect_rollouts then training.update, as the RL stage runs them."""
-    rollouts = collect_rollouts(sample, train_state.params, items, enc, key=jax.random.key(i),
+    rollouts = collect_rollouts(sample, train_state.params, items, enc, rng=jax.random.key(i),
                                 group_size=G, chunks=1, reward_cfg=reward_cfg, objective=objective,
                                 prompt_len=LP, completion_len=LT, data_sh=data_sh)
     t2 = time.perf_counter()

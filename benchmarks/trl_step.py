@@ -119,7 +119,7 @@ def run_ours(args) -> dict:
   times = []
   for i in range(1 + args.steps):
     t0 = time.perf_counter()
-    r = collect_rollouts(sample, st.params, items, enc, key=jax.random.key(i), group_size=G, chunks=1,
+    r = collect_rollouts(sample, st.params, items, enc, rng=jax.random.key(i), group_size=G, chunks=1,
                          reward_cfg=reward_cfg, objective=obj, prompt_len=LP, completion_len=LT,
                          data_sh=data_sh)
     r.rewards = noisy(r.rewards, i)

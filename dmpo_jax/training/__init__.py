@@ -1,7 +1,7 @@
 """The training layer: one RL step as parts a script or notebook can call.
 
     state = TrainState(params, opt_state, step, key)           # state.py
-    rollouts = collect_rollouts(sampler, state.params, items, encoder, key=state.rl_key(), ...)
+    rollouts = collect_rollouts(sampler, state.params, items, encoder, rng=state.rl_key(), ...)
     state, metrics = update(state, rollouts.batch(data_sh), rl_step)   # steps.py
 
 rollout.py     `collect_rollouts` (sampling overlapped with host scoring, reward shaping) and

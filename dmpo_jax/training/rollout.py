@@ -74,7 +74,7 @@ class Rollouts:
     return out
 
 
-def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *, key,
+def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *, rng,
                      group_size: int, chunks: int, reward_cfg, objective, prompt_len: int,
                      completion_len: int, data_sh, ref_fn: Callable | None = None,
                      collapse: pipeline.Collapse | None = None,
@@ -83,7 +83,7 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
   """Sample, score and shape G = group_size completions of each of `items`.
 
   What the objective's terms declare comes with the rollouts: the verifier's correct flag
-  (objective.reward="correct"), final-answer ids, a PRNG key per prompt (from `key`'s
+  (objective.reward="correct"), final-answer ids, a PRNG key per prompt (from `rng`'s
   LOSS_KEY_STREAM), the RL step `rl_step`; shaping_state: the state of a host reward-shaping
   term (`presets.needs_host_state`), updated in place.
 
@@ -105,7 +105,7 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
   scoring = {"correct": objective.correct if presets.needs_correct(objective) else None,
              "answers": "answer" in needs or host_term}
   tokens, mask, old_lp, ref_lp, rewards, stats, host_s = _sample_and_score(
-      sampler, params, items, encoder, prompt_tokens, prompt_mask, key, G, chunks, reward_cfg,
+      sampler, params, items, encoder, prompt_tokens, prompt_mask, rng, G, chunks, reward_cfg,
       ref_fn, collapse, vis, scoring)
   pt, pm = np.repeat(prompt_tokens, G, 0), np.repeat(prompt_mask, G, 0)  # each sample's prompt
   seqs = {"tokens": jnp.concatenate([dist.to_global(pt, data_sh), tokens], 1).reshape(
@@ -123,7 +123,7 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
   if "answer" in needs:
     extras["answer"] = stats["answer"]
   if "key" in needs:
-    keys = jax.random.split(jax.random.fold_in(key, LOSS_KEY_STREAM), P)
+    keys = jax.random.split(jax.random.fold_in(rng, LOSS_KEY_STREAM), P)
     extras["key"] = np.asarray(jax.random.key_data(keys))
   if "rl_step" in needs:
     extras["rl_step"] = np.full((P,), rl_step, np.int32)
@@ -137,7 +137,7 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
                   images=vis, extras=extras)
 
 
-def _sample_and_score(sampler, params, items, encoder, prompt_tokens, prompt_mask, key, G,
+def _sample_and_score(sampler, params, items, encoder, prompt_tokens, prompt_mask, rng, G,
                       chunks, reward_cfg, ref_fn, collapse=None, images=None, scoring=None):
   """The overlapped loop: device tokens [P*G, T], host mask, device old log-probs, device
   reference log-probs (or None), rewards [P, G], stats, host seconds."""
@@ -145,7 +145,7 @@ def _sample_and_score(sampler, params, items, encoder, prompt_tokens, prompt_mas
   piece = lambda x, c: x[c * per:(c + 1) * per]
   pieces = lambda tree, c: None if tree is None else jax.tree.map(lambda x: piece(x, c), tree)
   launch = lambda c: sampler(params, piece(prompt_tokens, c), piece(prompt_mask, c),
-                             jax.random.fold_in(key, c),
+                             jax.random.fold_in(rng, c),
                              **({} if images is None else {"images": pieces(images, c)}))
   pending, outs, host_s = launch(0), [], 0.0
   for c in range(chunks):

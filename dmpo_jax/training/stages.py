@@ -153,7 +153,7 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
       rl_step = state.step - cfg.sft.steps
       items = dph.rl_items(store, run.taskset, rl_step, cfg.rl.prompts_per_step)
       rollouts = collect_rollouts(
-          rl_sampler, state.params, items, run.encoder, key=state.rl_key(),
+          rl_sampler, state.params, items, run.encoder, rng=state.rl_key(),
           group_size=cfg.rl.group_size, chunks=cfg.rl.rollout_chunks, reward_cfg=run.reward_cfg,
           objective=obj, prompt_len=run.prompt_len, completion_len=run.completion_len,
           data_sh=run.data_sh, ref_fn=ref_fn, collapse=run.taskset.collapse, rl_step=rl_step,

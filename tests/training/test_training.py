@@ -68,7 +68,7 @@ def test_collect_rollouts_overlaps_scores_and_shapes(encoder):
   obj = presets.objective_config("dapo", overlong_cache=4)  # free up to 4 tokens, -1 at 8
   reward_cfg = rewards_lib.RewardConfig()
   ro = collect_rollouts(fake_sampler(events, lengths), None, items, RecordingEncoder(encoder, events),
-                        key=jax.random.key(0), group_size=G, chunks=2, reward_cfg=reward_cfg,
+                        rng=jax.random.key(0), group_size=G, chunks=2, reward_cfg=reward_cfg,
                         objective=obj, prompt_len=LP, completion_len=LT, data_sh=one_device(),
                         ref_fn=lambda seqs: refs.append(seqs["tokens"].shape) or seqs["tokens"][:, LP:] * 0.0)
   # the second chunk is dispatched before the first is scored on the host
