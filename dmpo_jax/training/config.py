@@ -25,6 +25,7 @@ import re
 from typing import Any, Callable
 
 from dmpo_jax.data import domain
+from dmpo_jax.data import images as multimodal
 from dmpo_jax.objectives import presets, terms
 from dmpo_jax.parallel import sharding
 
@@ -90,7 +91,6 @@ def Strs(names, optional=False) -> Spec:
 
 ANY = Spec((object,), "anything")
 DTYPES = ("float32", "bfloat16", "float16")
-MODALITIES = ("image", "blank", "text")  # multimodal.MODALITIES (that module imports training/)
 MESH_AXIS = Int(1, extra=(-1,))  # -1: all remaining devices
 
 # Every field of every config in configs/, with its type and range. Values live in configs/;
@@ -129,7 +129,7 @@ SCHEMA: dict[str, Spec] = {
     "rl.reward.compat": Choice(domain.COMPAT),
     "eval.num_per_task": Int(1), "eval.samples": Int(1), "eval.k": Int(1),
     "eval.temperature": Float(0), "eval.pass_ks": Ints(1), "eval.batch_prompts": Int(1),
-    "eval.modalities": Strs(MODALITIES, optional=True),
+    "eval.modalities": Strs(multimodal.MODALITIES, optional=True),
     "eval.zero_shot": Bool(optional=True),  # also evaluate the initial policy (before SFT)
     "checkpoint.every": Int(1), "checkpoint.keep": Int(1), "checkpoint.export_hf": Bool(),
     "mesh.data": MESH_AXIS, "mesh.fsdp": MESH_AXIS, "mesh.tensor": MESH_AXIS,

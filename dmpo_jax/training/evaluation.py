@@ -9,15 +9,20 @@ Each instance gets ``samples`` completions at ``temperature`` (NP-Bench: 3 at
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 
 from dmpo_jax.parallel import distributed as dist
+from dmpo_jax.data import images as multimodal
 from dmpo_jax.data import domain, pipeline
 from dmpo_jax.tasks import diversity, scoring
 from dmpo_jax import sampling
+from dmpo_jax.training import report
 
 SUCCESS = ("feasible", "positive_ratio")
+EVAL_KEYS = ("per_task", "categories", "overall", "solved")  # an eval_*.json that lacks one is damaged
 
 
 def table_metrics(k: int = 3) -> tuple[str, ...]:
@@ -89,6 +94,38 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
   return out
 
 
+def held_out(run, name: str, state) -> dict:
+  """eval_{name}.json of a run (training/run.py's `Run`): its held-out instances sampled at
+  config.eval's settings, every modality for an image policy (a finished evaluation is read
+  back, not redone)."""
+  path = os.path.join(run.workdir, f"eval_{name}.json")
+  if dist.agree(os.path.exists(path)):  # every process takes the same branch
+    res, why = report.read_result(path, EVAL_KEYS)
+    if res is not None:
+      return res
+    print(f"warning: {path} is damaged ({why}); evaluating again", flush=True)
+  cfg = run.cfg
+  if run.held_out is None:  # one sampler (one compilation) and one instance set for both
+    items = run.taskset.held_out(cfg.eval.num_per_task)
+    run.held_out = (run.sampler(run.sampling_config(cfg.eval.samples, cfg.eval.temperature)),
+                    items, [domain.get(k).reference_value(q) for k, q in items])
+  sampler, items, ground_truths = run.held_out
+  one = lambda encoder, prompt_len, images: evaluate(
+      lambda pt, pm, rng, *im: sampler(state.params, pt, pm, rng, *im)[:2], encoder, items,
+      samples=cfg.eval.samples, k=cfg.eval.k, pass_ks=tuple(cfg.eval.pass_ks),
+      rng=state.eval_key(), batch_prompts=cfg.eval.batch_prompts, prompt_len=prompt_len,
+      reward_cfg=run.reward_cfg, ground_truths=ground_truths, progress=cfg.log.progress,
+      collapse=run.taskset.collapse, images=images)
+  if run.vl_cfg is None:
+    res = one(run.encoder, run.prompt_len, None)
+  else:  # every modality on the same instances; the first one is the run's result
+    res = multimodal.evaluate_modalities(one, run.encoder, items, cfg.eval.get(
+        "modalities", multimodal.default_modalities(run.encoder)), run.images, run.prompt_len)
+  if dist.is_main():
+    report.write_json(res, path)
+  return res
+
+
 def collapse_scores(stats: dict, i: int, key: str, pass_ks) -> dict:
   """Problem i's collapse metrics: optimal_rate, distinct_optimal, coverage, entropy_optimal
   (pipeline.COLLAPSE_STATS) and unbiased pass@k with correct = optimal (`pass_optimal@k`) and
@@ -123,8 +160,7 @@ def summarize(problems, k: int = 3) -> dict:
 def format_table(results: dict, before: dict | None = None, metrics=None) -> str:
   """A text table per task and overall (default columns: `table_metrics` at the results' k);
   with `before`, cells read 'before -> after'."""
-  from dmpo_jax.training.report import best_of_k
-  metrics = metrics or table_metrics(best_of_k(results))
+  metrics = metrics or table_metrics(report.best_of_k(results))
   head = f"{'task':24s}" + "".join(f"{m:>18s}" for m in metrics)
   lines = [head, "-" * len(head)]
   rows = list(results["per_task"].items()) + [("overall (category mean)", results["overall"])]

@@ -23,7 +23,8 @@ from dmpo_jax.parallel import sharding
 from dmpo_jax.sampling import sampler as sampler_lib
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
-from dmpo_jax.training import evaluation, report
+from dmpo_jax.training import report
+from dmpo_jax.training.evaluation import EVAL_KEYS
 from dmpo_jax.data import domain, instances, pipeline
 from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.config import check_config, task_keys
@@ -31,7 +32,6 @@ from dmpo_jax.training.state import LOG_Z_SEED_OFFSET, TrainState, checkpoint_me
 from dmpo_jax.training.steps import make_optimizer
 
 
-EVAL_KEYS = ("per_task", "categories", "overall", "solved")  # an eval_*.json that lacks one is damaged
 
 
 class TrainingError(RuntimeError):
@@ -95,7 +95,7 @@ class Run:
   progress: Any = None
   times: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
       ("sft", "rollout", "reward", "update", "eval", "dph"), 0.0))
-  _eval: Any = None    # (sampler, instances, ground truths) of the held-out evaluation
+  held_out: Any = None  # (sampler, instances, ground truths): evaluation.held_out's, made once
   truncated: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
       ("prompt_truncated", "sft_truncated"), 0))  # this process's cuts (results.json)
 
@@ -171,36 +171,6 @@ class Run:
     self.writer.close()
     self.ckpt.close()
     return {"stopped": True, "step": state.step}
-
-  def evaluate(self, name: str, state: TrainState) -> dict:
-    """eval_{name}.json: held-out instances sampled at config.eval's settings (a finished
-    evaluation is read back, not redone)."""
-    path = os.path.join(self.workdir, f"eval_{name}.json")
-    if dist.agree(os.path.exists(path)):  # every process takes the same branch
-      res, why = report.read_result(path, EVAL_KEYS)
-      if res is not None:
-        return res
-      print(f"warning: {path} is damaged ({why}); evaluating again", flush=True)
-    cfg = self.cfg
-    if self._eval is None:  # one sampler (one compilation) and one instance set for both
-      items = self.taskset.held_out(cfg.eval.num_per_task)
-      self._eval = (self.sampler(self.sampling_config(cfg.eval.samples, cfg.eval.temperature)),
-                    items, [domain.get(k).reference_value(q) for k, q in items])
-    sampler, items, ground_truths = self._eval
-    run = lambda encoder, prompt_len, images: evaluation.evaluate(
-        lambda pt, pm, rng, *im: sampler(state.params, pt, pm, rng, *im)[:2], encoder, items,
-        samples=cfg.eval.samples, k=cfg.eval.k, pass_ks=tuple(cfg.eval.pass_ks),
-        rng=state.eval_key(), batch_prompts=cfg.eval.batch_prompts, prompt_len=prompt_len,
-        reward_cfg=self.reward_cfg, ground_truths=ground_truths, progress=cfg.log.progress,
-        collapse=self.taskset.collapse, images=images)
-    if self.vl_cfg is None:
-      res = run(self.encoder, self.prompt_len, None)
-    else:  # every modality on the same instances; the first one is the run's result
-      res = multimodal.evaluate_modalities(run, self.encoder, items, cfg.eval.get(
-          "modalities", multimodal.default_modalities(self.encoder)), self.images, self.prompt_len)
-    if dist.is_main():
-      report.write_json(res, path)
-    return res
 
   def sft_end_state(self, state: TrainState) -> TrainState:
     """The state whose policy "before RL" evaluates: `state` at the end of SFT; past it (a

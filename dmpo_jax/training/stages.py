@@ -30,7 +30,8 @@ from dmpo_jax.training import dph, evaluation, report, steps
 from dmpo_jax.data import pipeline
 from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.rollout import collect_rollouts
-from dmpo_jax.training.run import EVAL_KEYS, Run, TrainingError, setup
+from dmpo_jax.training.evaluation import EVAL_KEYS
+from dmpo_jax.training.run import Run, TrainingError, setup
 from dmpo_jax.training.state import TrainState
 from dmpo_jax.training.steps import micro_batches, update
 
@@ -43,11 +44,11 @@ def train(cfg, workdir: str, allow_config_change=()) -> dict:
   run, state = setup(cfg, workdir, allow_config_change)
   with ckpt_lib.StopSignal() as stop:
     if cfg.eval.get("zero_shot") and cfg.sft.steps and state.step == 0:  # the initial policy
-      run.timed("eval", run.evaluate, "zero_shot", state)
+      run.timed("eval", evaluation.held_out, run, "zero_shot", state)
     state, stopped = sft_stage(run, state, stop)
     if stopped:
       return run.close_stopped(state)
-    before = run.timed("eval", run.evaluate, "before", run.sft_end_state(state))
+    before = run.timed("eval", evaluation.held_out, run, "before", run.sft_end_state(state))
     if cfg.rl.steps and state.step == cfg.sft.steps:  # a fresh optimizer for RL
       state = dataclasses.replace(state, opt_state=run.init_opt(run.rl_opt, state.params))
     state, stopped = rl_stage(run, state, stop)
@@ -244,7 +245,7 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
   if run.progress:
     run.progress.close()
   run.writer.close()
-  after = run.timed("eval", run.evaluate, "after", state)
+  after = run.timed("eval", evaluation.held_out, run, "after", state)
   keep = {k: scoring.keep_and_exploration(before["solved"][k], after["solved"][k])
           for k in after["solved"]}
   keep_collapse = collapse_keep_exploration(cfg, before, after)
