@@ -43,10 +43,16 @@ def get_config(arg: str | None = None):
   c.rl.freeze_vision = True       # RL keeps it: the sampler's image features are the update's
   c.sft.steps, c.rl.steps = 300, 40
   c.eval.num_per_task = 8
+  # The perception stage (dmpo_jax/training/perception.py): the first `steps` SFT steps train
+  # the policy to write each instance's transcript from its image (tiny transcripts: 20-100
+  # tokens), at its own learning rate; perception.json scores it against blank images.
+  # Off by default until a regime is shown to read (docs/MULTIMODAL.md).
+  c.perception = dict(steps=0, lr=2e-3, warmup=20, max_new_tokens=112)
   if smoke:
     c.model.vision = dict(c.model.vision, hidden_size=32, intermediate_size=64)
     c.model.mrope_section = (2, 3, 3)
     c.image.update(size=128, min_pixels=112 * 112, max_pixels=112 * 112, patch_budget=64)
     c.model.max_prompt_len = 32
     c.sft.steps, c.rl.steps = 3, 3
+    c.perception.max_new_tokens = 48
   return c

@@ -27,7 +27,9 @@ import time
 from dmpo_jax.models import build as model_build
 from dmpo_jax.data import pipeline
 from dmpo_jax import tasks as tasks_lib
+from dmpo_jax.data import transcripts
 
+PERCEPTION_CUE = "\nInstance: "  # the perception prompt's last words, after the image and task word
 MARKERS = model_build.VISION_MARKERS  # around the image span, when the tokenizer has them
 
 
@@ -103,9 +105,32 @@ class ImagePromptEncoder(pipeline.PromptEncoder):
 
   def prompt_text(self, key: str, q: dict) -> str:
     """The prompt with its image span expanded (one image-pad token per merged patch)."""
+    return self.expand(key, q, tasks_lib.get(key).prompt(q, self.style))
+
+  def expand(self, key: str, q: dict, text: str) -> str:
+    """`text` with its image placeholder replaced by the image span of (key, q)."""
     n = self.processor.num_image_tokens(self.images(key, q)["image_grid_thw"])[0]
     span = self.markers[0] + self.processor.image_token * n + self.markers[1]
-    return tasks_lib.get(key).prompt(q, self.style).replace(tasks_lib.IMAGE, span)
+    return text.replace(tasks_lib.IMAGE, span)
+
+  def perception_ids(self, key: str, q: dict) -> list[int]:
+    """The perception stage's prompt: the image, the task's word, then PERCEPTION_CUE; the
+    answer is the instance's transcript (data/transcripts.py)."""
+    word = transcripts.text(key, q).split(None, 1)[0]
+    return self.encode_text(key, self.expand(key, q, f"{tasks_lib.IMAGE}{word}{PERCEPTION_CUE}"))
+
+  def transcript_ids(self, key: str, q: dict, max_len: int) -> list[int]:
+    """The perception stage's target: the transcript, then the end token; cut to max_len and
+    counted in truncated["answer"] (sft_truncated)."""
+    ids = self.tok.encode(transcripts.text(key, q), add_special_tokens=False) + [self.end]
+    if len(ids) > max_len:
+      if "transcript" not in self._warned:
+        self._warned.add("transcript")
+        print(f"warning: a transcript of {key} has {len(ids)} tokens > config.perception."
+              f"max_new_tokens={max_len}; it is cut", flush=True)
+      self.truncated["answer"] += 1  # logged with the SFT answers' cuts (sft_truncated)
+      ids = ids[:max_len]
+    return ids
 
   def batch_images(self, items) -> list[dict]:
     """The image dicts of [(task key, instance)] in order."""

@@ -267,7 +267,11 @@ class PromptEncoder:
     return tasks_lib.get(key).prompt(q, self.style)
 
   def encode(self, key: str, q: dict) -> list[int]:
-    text = self.prompt_text(key, q)
+    return self.encode_text(key, self.prompt_text(key, q))
+
+  def encode_text(self, key: str, text: str) -> list[int]:
+    """Prompt ids of a prompt text of task `key` (the chat template, BOS and the cut of an
+    overlong prompt as in `encode`)."""
     if self.chat:
       ids = chat.encode_chat(self.tok, text)
     else:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from dmpo_jax.data import domain
 from dmpo_jax.data import images as multimodal
+from dmpo_jax.data import transcripts
 from dmpo_jax.objectives import presets, terms
 from dmpo_jax.parallel import sharding
 
@@ -131,6 +132,9 @@ SCHEMA: dict[str, Spec] = {
     "eval.temperature": Float(0), "eval.pass_ks": Ints(1), "eval.batch_prompts": Int(1),
     "eval.modalities": Strs(multimodal.MODALITIES, optional=True),
     "eval.zero_shot": Bool(optional=True),  # also evaluate the initial policy (before SFT)
+    # configs/mm_nphard.py: the perception stage of an image policy (training/perception.py)
+    "perception.steps": Int(0, optional=True), "perception.lr": Float(0, optional=True),
+    "perception.warmup": Int(0, optional=True), "perception.max_new_tokens": Int(1, optional=True),
     "checkpoint.every": Int(1), "checkpoint.keep": Int(1), "checkpoint.export_hf": Bool(),
     "mesh.data": MESH_AXIS, "mesh.fsdp": MESH_AXIS, "mesh.tensor": MESH_AXIS,
     "log.every": Int(1), "log.tensorboard": Bool(), "log.plots": Bool(), "log.progress": Bool(),
@@ -224,6 +228,27 @@ def points_samples_max(cfg) -> int:
     raise ConfigError(f"config.eval.points_samples={spec!r}: expected N or SET:N,SET:N") from None
 
 
+def check_perception(cfg, keys) -> None:
+  """The perception stage (configs/mm_nphard.py): a complete block, within the SFT stage, on
+  image prompts of tasks whose instances have transcripts."""
+  if "perception" not in cfg:
+    return
+  p = cfg.perception
+  missing = [f for f in ("steps", "lr", "warmup", "max_new_tokens") if f not in p]
+  if missing:
+    raise ConfigError(f"config.perception lacks {missing} (configs/mm_nphard.py declares them)")
+  if p.steps and cfg.prompt_style not in domain.IMAGE_STYLES:
+    raise ConfigError(f"config.perception.steps={p.steps} needs image prompts; config.prompt_style="
+                      f"{cfg.prompt_style!r} is not one of {domain.IMAGE_STYLES}")
+  if p.steps > cfg.sft.steps:
+    raise ConfigError(f"config.perception.steps={p.steps} exceeds config.sft.steps={cfg.sft.steps}: "
+                      "the perception stage is the first steps of the SFT stage")
+  unreadable = [k for k in keys if k not in transcripts.READERS]
+  if p.steps and unreadable:
+    raise ConfigError(f"config.perception.steps={p.steps}: tasks {unreadable} have no transcript "
+                      f"(config.tasks); supported: {sorted(transcripts.READERS)}")
+
+
 def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
   """Every field's type and range (SCHEMA), then the rules between fields; a ConfigError names
   the first field that is wrong. Runs before anything is built or written."""
@@ -234,6 +259,7 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
     raise ConfigError(f"config.tasks={cfg.tasks!r}: unknown task(s) {unknown}"
                       f"{suggest(unknown[0], domain.names()) if unknown else ''}; "
                       f"choose 'all' or keys of {domain.names()}")
+  check_perception(cfg, keys)
   m = cfg.model
   if m.num_heads % m.num_kv_heads:
     raise ConfigError(f"config.model.num_kv_heads={m.num_kv_heads} must divide "

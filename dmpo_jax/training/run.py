@@ -23,7 +23,7 @@ from dmpo_jax.parallel import sharding
 from dmpo_jax.sampling import sampler as sampler_lib
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
-from dmpo_jax.training import report
+from dmpo_jax.training import perception, report
 from dmpo_jax.training.evaluation import EVAL_KEYS
 from dmpo_jax.data import domain, instances, pipeline
 from dmpo_jax.training import points as eval_points
@@ -228,7 +228,8 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
             tok=tok, encoder=encoder, graphdef=graphdef, model_shape=model_build.shape(model), p_sh=p_sh,
             o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
             sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0,
-                                   **vision_optimizer_opts(cfg, "sft", vl_cfg)),
+                                   **vision_optimizer_opts(cfg, "sft", vl_cfg),
+                                   lead=perception.lead(cfg)),
             rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 0, cfg.rl.max_grad_norm,
                                   **vision_optimizer_opts(cfg, "rl", vl_cfg)),
             ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep),

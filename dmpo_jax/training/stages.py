@@ -28,6 +28,7 @@ from dmpo_jax.tasks import diversity, scoring
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import dph, evaluation, report, steps
 from dmpo_jax.data import pipeline
+from dmpo_jax.training import perception
 from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.rollout import collect_rollouts
 from dmpo_jax.training.evaluation import EVAL_KEYS
@@ -64,22 +65,28 @@ def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     return state, False
   sft_step = steps.make_sft_step(run.graphdef, run.sft_opt, run.prompt_len, **run.vision_opts("sft"),
                                  shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep))
+  lead = perception.steps(cfg)  # the first `lead` steps transcribe images (perception.py)
+  rows = lambda s: cfg.sft.batch_size // (1 if s < lead else cfg.sft.solutions_per_instance)
   with multimodal.Prefetch(run.encoder) as prefetch:  # image prompts: the next step's renders
     while state.step < cfg.sft.steps:
+      if lead and state.step == lead:  # the stage's end (also when a resume starts there)
+        run.timed("eval", perception.evaluate, run, state)
       t0 = time.time()
       prefetch.wait()
-      batch = sft_batch(run, state.step)
+      stage = "perception" if state.step < lead else "sft"
+      batch = perception.batch(run, state.step) if stage == "perception" else sft_batch(run, state.step)
       if state.step + 1 < cfg.sft.steps:
-        n = cfg.sft.batch_size // cfg.sft.solutions_per_instance
-        prefetch.warm(lambda s=state.step + 1: run.taskset.train("sft", s, n))
+        prefetch.warm(lambda s=state.step + 1: run.taskset.train("sft", s, rows(s)))
       state, m = update(state, dist.tree_to_global(batch, run.data_sh), sft_step)
       run.times["sft"] += time.time() - t0
-      run.log(state, "sft", {"loss": m["loss"], "grad_norm": m["grad_norm"], **run.truncations()},
-              cfg.sft.steps, {"stage": "sft", "loss": f"{float(m['loss']):.3f}"})
-      if state.step % cfg.checkpoint.every == 0 or state.step == cfg.sft.steps:
+      run.log(state, stage, {"loss": m["loss"], "grad_norm": m["grad_norm"], **run.truncations()},
+              cfg.sft.steps, {"stage": stage, "loss": f"{float(m['loss']):.3f}"})
+      if state.step % cfg.checkpoint.every == 0 or state.step in (lead, cfg.sft.steps):
         run.save(state, "sft")
       if run.maybe_stop(state, "sft", stop):
         return state, True
+  if lead and state.step == lead:  # perception only (config.perception.steps = sft.steps)
+    run.timed("eval", perception.evaluate, run, state)
   return state, False
 
 

@@ -36,8 +36,17 @@ def is_vision_param(path) -> bool:
       getattr(path[1], "key", None) == "visual"
 
 
+def make_schedule(lr: float, steps_total: int, warmup: int):
+  """Linear warmup from 0 over `warmup` steps (none: start at lr), then a cosine to lr / 10 at
+  `steps_total`."""
+  if warmup <= 0:
+    return optax.cosine_decay_schedule(lr, max(steps_total, 1), alpha=0.1)
+  warmup = min(warmup, max(steps_total, 1))
+  return optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps_total, warmup + 1), lr * 0.1)
+
+
 def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: float, *,
-                   freeze_vision: bool = False, vision_lr_scale: float = 1.0):
+                   freeze_vision: bool = False, vision_lr_scale: float = 1.0, lead=None):
   """AdamW after global-norm clipping; the learning rate warms up linearly from 0 over
   `warmup` steps (the first step's rate is 0), then decays along a cosine to lr / 10 at
   `steps_total`. warmup=0: no warmup, the first step runs at lr (RL's setting).
@@ -45,17 +54,21 @@ def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: floa
   freeze_vision: the vision tower's params get a zero update and no optimizer state (no
   AdamW moments: 2 x the tower's f32 size saved, 5.4 GB for Qwen2.5-VL-7B's 677M-param
   tower); the clipping norm is over the trained params. A no-op for a text model.
+  lead: (steps, lr, warmup) of a stage that opens the schedule (the perception stage): its
+  own rate, warmed up over `warmup` steps and then constant, for the first `steps` steps;
+  the warmup-cosine schedule above then runs over the remaining steps_total - steps.
   vision_lr_scale: a trained tower's learning rate is this times the rest's (one clipping
   norm over all params)."""
   if vision_lr_scale <= 0:
     raise ValueError(f"vision_lr_scale={vision_lr_scale} must be > 0 (freeze the tower "
                      "with freeze_vision instead)")
-  if warmup <= 0:
-    sched = optax.cosine_decay_schedule(lr, max(steps_total, 1), alpha=0.1)
-  else:
-    warmup = min(warmup, max(steps_total, 1))
-    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps_total, warmup + 1),
-                                               lr * 0.1)
+  sched = make_schedule(lr, steps_total, warmup)
+  if lead is not None and lead[0] > 0:
+    n, lead_lr, lead_warmup = lead
+    first = (optax.linear_schedule(0.0, lead_lr, lead_warmup) if lead_warmup > 0
+             else optax.constant_schedule(lead_lr))
+    rest = make_schedule(lr, steps_total - n, warmup)
+    sched = optax.join_schedules([first, rest], [n])
   clip = optax.clip_by_global_norm(max_grad_norm)
   opt = optax.chain(clip, optax.adamw(sched, weight_decay=0.0))
 

@@ -4,7 +4,7 @@ refuses text that names none."""
 import pytest
 
 from dmpo_jax import tasks
-from dmpo_jax.tasks import transcripts
+from dmpo_jax.data import transcripts
 
 
 @pytest.mark.parametrize("key", tasks.names())

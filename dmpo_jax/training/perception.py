@@ -1,0 +1,122 @@
+"""The perception stage of an image policy (docs/MULTIMODAL.md): before its task SFT, the
+policy learns to write each instance's transcript (data/transcripts.py: the edge list, the
+item table, the matrix) from the instance's image. It is a dense signal for the vision tower,
+as in the alignment stage that vision-language recipes start with.
+
+The stage is the first `config.perception.steps` steps of the SFT stage: the same jitted SFT
+step, checkpoints and data positions (so a resume inside it is exact), its own learning rate
+(`steps.make_optimizer`'s lead) and completion length. At its end `evaluate` writes
+perception.json: per task, on the held-out instances, the greedy transcription's token
+accuracy and the share read back exactly, from the image and from a blank image.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+
+from dmpo_jax import sampling
+from dmpo_jax.data import pipeline
+from dmpo_jax.parallel import distributed as dist
+from dmpo_jax.data import transcripts
+from dmpo_jax.training import report
+
+FILE = "perception.json"
+KEYS = ("per_task", "overall", "steps")
+
+
+def steps(cfg) -> int:
+  """The stage's steps: config.perception.steps, 0 when the config has no perception block."""
+  return int(cfg.perception.steps) if "perception" in cfg else 0
+
+
+def lead(cfg):
+  """make_optimizer's `lead` for the SFT optimizer: (steps, lr, warmup), or None."""
+  n = steps(cfg)
+  return (n, float(cfg.perception.lr), int(cfg.perception.warmup)) if n else None
+
+
+def batch(run, step: int) -> dict:
+  """config.sft.batch_size instances of the SFT stream at `step`, each prompted with its image
+  and its task's word; the target is its transcript (host arrays, as `stages.sft_batch`)."""
+  cfg, enc = run.cfg, run.encoder
+  length = int(cfg.perception.max_new_tokens)
+  items = run.taskset.train("sft", step, cfg.sft.batch_size)
+  pt, pm = sampling.pad_prompts([enc.perception_ids(k, q) for k, q in items], run.prompt_len, enc.pad)
+  at, am = pipeline.pad_right([enc.transcript_ids(k, q, length) for k, q in items], length, enc.pad)
+  seqs = {"tokens": np.concatenate([pt, at], 1), "prompt_mask": pm,
+          "images": run.images(items, pt, pm)}
+  return {"seqs": seqs, "mask": am}
+
+
+def score(key: str, q: dict, target: list[int], ids: list[int], text: str) -> tuple[float, bool]:
+  """(token accuracy: the share of the target's tokens, end token included, that the
+  transcription has at their position; whether its text reads back as the instance)."""
+  acc = sum(a == b for a, b in zip(ids, target)) / len(target)
+  try:
+    exact = transcripts.same_instance(key, transcripts.read(key, text), q)
+  except ValueError:  # TranscriptError, or a question its task refuses
+    exact = False
+  return acc, exact
+
+
+def transcribe(run, params, encoder, items, rng) -> list[tuple[list[int], str]]:
+  """Greedy transcriptions of [(task key, instance)] from `encoder`'s prompts: (ids up to and
+  with the end token, text before it)."""
+  cfg = run.cfg
+  length, bp = int(cfg.perception.max_new_tokens), cfg.eval.batch_prompts
+  scfg = sampling.SamplingConfig(max_new_tokens=length, greedy=True, eos_id=encoder.eos,
+                                 stop_ids=encoder.stop_ids, pad_id=encoder.pad)
+  sampler = run.sampler(scfg)
+  out = []
+  for c0 in range(0, len(items), bp):
+    chunk = items[c0:c0 + bp]
+    padded = chunk + [chunk[-1]] * (bp - len(chunk))  # one shape: one compilation
+    pt, pm = sampling.pad_prompts([encoder.perception_ids(k, q) for k, q in padded],
+                                  run.prompt_len, encoder.pad)
+    images = run.images(padded, pt, pm, encoder)
+    tokens, mask, _ = sampler(params, pt, pm, jax.random.fold_in(rng, c0), images)
+    tokens, mask = dist.to_host(tokens), dist.to_host(mask)
+    for row, m in list(zip(tokens, mask))[:len(chunk)]:
+      ids = [int(t) for t, v in zip(row, m) if v]
+      body = [t for t in ids if t != encoder.end and t != encoder.eos]
+      out.append((ids, encoder.tok.decode(body, skip_special_tokens=True)))
+  return out
+
+
+def evaluate(run, state) -> dict:
+  """perception.json: per task and overall, token accuracy and exact read-back of greedy
+  transcriptions of the held-out instances, from their images ("image") and from blank
+  ones ("blank", the control). A finished file is read back, not redone."""
+  path = os.path.join(run.workdir, FILE)
+  if dist.agree(os.path.exists(path)):
+    res, why = report.read_result(path, KEYS)
+    if res is not None:
+      return res
+    print(f"warning: {path} is damaged ({why}); evaluating again", flush=True)
+  cfg = run.cfg
+  items = run.taskset.held_out(cfg.eval.num_per_task)
+  length = int(cfg.perception.max_new_tokens)
+  res = {"steps": steps(cfg), "per_task": {}, "overall": {}}
+  for name, enc in (("image", run.encoder), ("blank", run.encoder.blank_control())):
+    got = transcribe(run, state.params, enc, items, jax.random.fold_in(state.eval_key(), 17))
+    rows = {}
+    for (key, q), (ids, text) in zip(items, got):
+      acc, exact = score(key, q, enc.transcript_ids(key, q, length), ids, text)
+      rows.setdefault(key, []).append((acc, exact))
+    for key, r in rows.items():
+      res["per_task"].setdefault(key, {})[name] = {
+          "token_accuracy": float(np.mean([a for a, _ in r])),
+          "exact": float(np.mean([e for _, e in r])), "n": len(r)}
+    every = [x for r in rows.values() for x in r]
+    res["overall"][name] = {"token_accuracy": float(np.mean([a for a, _ in every])),
+                            "exact": float(np.mean([e for _, e in every])), "n": len(every)}
+  if dist.is_main():
+    report.write_json(res, path)
+  o = res["overall"]
+  print(f"perception after {res['steps']} steps: token accuracy {o['image']['token_accuracy']:.3f} "
+        f"(blank image {o['blank']['token_accuracy']:.3f}), read back exactly "
+        f"{o['image']['exact']:.3f} (blank {o['blank']['exact']:.3f})", flush=True)
+  return res

@@ -1,0 +1,74 @@
+"""The perception stage (training/perception.py): the first SFT steps of an image policy
+transcribe its instances; checked refusals, its own learning rate, its evaluation file, and
+an exact resume inside it."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from dmpo_jax.training import config as config_lib
+from dmpo_jax.training import stages
+from dmpo_jax.training.steps import make_optimizer
+from tests.helpers import config_module, metric_rows, saved_state
+
+mm_nphard = config_module("mm_nphard")
+# Two perception steps, one task-SFT step, one RL step; two tasks, a checkpoint every step.
+DRILL = {"perception.steps": 2, "sft.steps": 3, "rl.steps": 1, "checkpoint.every": 1,
+         "checkpoint.export_hf": False, "log.plots": False, "log.tensorboard": False,
+         "eval.num_per_task": 2, "eval.modalities": ("image",)}
+
+
+def cfg_of(**over):
+  c = mm_nphard.get_config("smoke,tasks=subset-sum+GCP-D")
+  for path, value in over.items():
+    node = c
+    *parents, leaf = path.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return c
+
+
+def test_the_schedule_opens_with_the_stage_rate():
+  """lead=(steps, lr, warmup): warmup to the stage's rate, constant to its end, then SFT's own
+  warmup from 0."""
+  opt = make_optimizer(1e-3, 10, 2, 1.0, lead=(4, 5e-2, 2))
+  params = {"w": np.ones(3, np.float32)}
+  state = opt.init(params)
+  moves = []
+  for _ in range(7):  # a constant gradient: Adam's step size is the rate
+    upd, state = opt.update({"w": np.ones(3, np.float32)}, state, params)
+    moves.append(float(-upd["w"][0]))
+  np.testing.assert_allclose(moves[:4], [0.0, 2.5e-2, 5e-2, 5e-2], rtol=1e-4)
+  np.testing.assert_allclose(moves[4:6], [0.0, 5e-4], rtol=1e-3)  # SFT's warmup restarts at 0
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"perception.steps": 5, "sft.steps": 3}, "exceeds config.sft.steps"),
+    ({"prompt_style": "compact", "perception.steps": 2}, "needs image prompts"),
+])
+def test_bad_perception_configs_are_refused(over, match):
+  from dmpo_jax.training.run import objective_from_config
+  from dmpo_jax.parallel import sharding
+  c = cfg_of(**over)
+  with pytest.raises(config_lib.ConfigError, match=match):
+    config_lib.check_config(c, objective_from_config(c), sharding.make_mesh(dict(c.mesh)))
+
+
+@pytest.mark.slow
+def test_resume_inside_the_stage_is_exact(tmp_path):
+  a, b = tmp_path / "a", tmp_path / "b"
+  stages.train(cfg_of(**DRILL), str(a))
+  assert stages.train(cfg_of(**DRILL, stop_at_step=1), str(b)) == {"stopped": True, "step": 1}
+  stages.train(cfg_of(**DRILL), str(b))
+  for x, y in zip(jax.tree.leaves(saved_state(a, 4)), jax.tree.leaves(saved_state(b, 4))):
+    np.testing.assert_array_equal(x, y)
+  ra, rb = metric_rows(a), metric_rows(b)
+  assert [r["stage"] for r in ra] == ["perception", "perception", "sft", "rl"]
+  assert ra == rb
+  pa, pb = (json.load(open(w / "perception.json")) for w in (a, b))
+  assert pa == pb and pa["steps"] == 2 and set(pa["per_task"]) == {"subset-sum", "GCP-D"}
+  for mod in ("image", "blank"):
+    assert 0.0 <= pa["overall"][mod]["token_accuracy"] <= 1.0 and pa["overall"][mod]["n"] == 4
