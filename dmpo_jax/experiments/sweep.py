@@ -380,6 +380,42 @@ def write_manifest(out: str, args: dict, runs: list[Run], sessions: list | None 
                     path)
 
 
+def merge(out: str, other: str) -> list[str]:
+  """Move the finished runs of sweep folder `other` (run on other seeds or labels, e.g. in a
+  second process) into `out`, with their seeds' shared SFT stages; `other`'s invocations are
+  added to out's sweep.json sessions (each with "merged_from"). A run unfinished in `other`
+  stays there. Refused, before anything moves, when a label's settings differ between the
+  two or a finished run exists in both. Returns the moved runs' "label/seed<k>"."""
+  from dmpo_jax.training import report
+  a, b = (report.read_json(os.path.join(d, "sweep.json")) for d in (out, other))
+  clash = [l for l in b["labels"] if l in a["settings"] and a["settings"][l] != b["settings"][l]]
+  if clash:
+    raise SweepError(f"--merge_from: labels {clash} have other settings in {other} than in {out}")
+  moves = []
+  for label in b["labels"]:
+    for seed in b["seeds"]:
+      src, dst = (os.path.join(d, label, f"seed{seed}") for d in (other, out))
+      if is_finished(src):
+        if os.path.exists(dst):
+          raise SweepError(f"--merge_from: {label}/seed{seed} exists in both {out} and {other}")
+        moves.append((src, dst))
+  seeds = {int(os.path.basename(s)[4:]) for s, _ in moves}
+  for seed in sorted(seeds):
+    src, dst = (os.path.join(d, SFT_DIR, f"seed{seed}") for d in (other, out))
+    if os.path.isdir(src) and not os.path.exists(dst):
+      moves.append((src, dst))
+  for src, dst in moves:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    shutil.move(src, dst)
+  sessions = a.get("sessions", []) + [dict(s, merged_from=os.path.abspath(other))
+                                      for s in b.get("sessions", [])]
+  labels = list(dict.fromkeys(a["labels"] + b["labels"]))
+  report.write_json(dict(a, labels=labels, seeds=sorted(set(a["seeds"]) | set(b["seeds"])),
+                         settings={**b["settings"], **a["settings"]}, sessions=sessions),
+                    os.path.join(out, "sweep.json"))
+  return [os.path.relpath(d, out) for s, d in moves if not os.path.relpath(d, out).startswith(SFT_DIR)]
+
+
 def run_sweep(runs: list[Run], out: str, *, train_fn=None, max_runs: int | None = None,
               progress: bool = True, log=None) -> dict:
   """Run what is not finished (at most max_runs of them). Returns {"done", "skipped", "failed",
@@ -454,11 +490,20 @@ def main(argv=None):
   ap.add_argument("--cache_dir", default=None, help=f"compilation cache (default <out>/{CACHE_DIR}; "
                   "'none' turns it off)")
   ap.add_argument("--report_only", action="store_true", help="only (re)write the report")
+  ap.add_argument("--merge_from", default=None, metavar="DIR", help="move the finished runs of "
+                  "another sweep folder (other seeds, run in parallel) into --out, then report")
   ap.add_argument("--no_progress", action="store_true")
   args = ap.parse_args(argv)
   from dmpo_jax.experiments import report as sweep_report
 
-  if args.report_only:
+  if args.merge_from:
+    try:
+      moved = merge(args.out, args.merge_from)
+    except SweepError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
+    print(f"merged {len(moved)} runs from {args.merge_from} into {args.out}")
+  if args.report_only or args.merge_from:
     print(sweep_report.write_report(args.out)["summary"])
     return 0
   try:

@@ -309,3 +309,39 @@ def test_every_label_passes_the_config_checks():
     if r.label.startswith(tuple(sweep.BASELINE_AXES)):
       knob = sweep.BASELINE_AXES[r.cfg.rl.algo][0]
       assert getattr(obj, knob) == r.cfg.rl.objective[knob], r.label
+
+
+def test_merge_moves_finished_runs_and_refuses_clashes(tmp_path):
+  """Two sweep folders run in parallel on other seeds merge into one: finished runs and their
+  seeds' SFT stages move, unfinished ones stay, sessions are kept; clashes are refused."""
+  from dmpo_jax.training import report
+  a, b = tmp_path / "a", tmp_path / "b"
+  settings = {"grpo": {"rl.algo": "grpo"}, "dmpo": {"rl.algo": "dmpo"}}
+
+  def folder(d, seeds, finished, session):
+    report.write_json({"labels": list(settings), "seeds": seeds, "settings": settings,
+                       "sessions": [{"commit": session}]}, str(d / "sweep.json"))
+    for label, seed in finished:
+      report.write_json({"wall_s": 1.0}, str(d / label / f"seed{seed}" / "results.json"))
+    for seed in seeds:
+      (d / "_sft" / f"seed{seed}").mkdir(parents=True)
+  folder(a, [0], [("grpo", 0), ("dmpo", 0)], "c1")
+  folder(b, [3, 4], [("grpo", 3), ("dmpo", 3), ("grpo", 4)], "c2")
+  (b / "dmpo" / "seed4").mkdir(parents=True)  # unfinished: stays
+  moved = sweep.merge(str(a), str(b))
+  assert sorted(moved) == ["dmpo/seed3", "grpo/seed3", "grpo/seed4"]
+  assert (a / "grpo" / "seed4" / "results.json").exists() and (b / "dmpo" / "seed4").exists()
+  assert (a / "_sft" / "seed3").is_dir() and (a / "_sft" / "seed4").is_dir()
+  manifest = report.read_json(str(a / "sweep.json"))
+  assert manifest["seeds"] == [0, 3, 4]
+  assert [s["commit"] for s in manifest["sessions"]] == ["c1", "c2"]
+  assert manifest["sessions"][1]["merged_from"] == str(b)
+  # a run finished in both, and a label with other settings, are refused before anything moves
+  folder(tmp_path / "c", [0], [("grpo", 0)], "c3")
+  with pytest.raises(sweep.SweepError, match="grpo/seed0 exists in both"):
+    sweep.merge(str(a), str(tmp_path / "c"))
+  settings["dmpo"] = {"rl.algo": "dmpo", "rl.lr": 1e-4}
+  folder(tmp_path / "d", [5], [("dmpo", 5)], "c4")
+  with pytest.raises(sweep.SweepError, match=r"labels \['dmpo'\] have other settings"):
+    sweep.merge(str(a), str(tmp_path / "d"))
+  assert not (a / "dmpo" / "seed5").exists()
