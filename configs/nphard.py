@@ -76,6 +76,9 @@ def get_config(arg: str | None = None):
       format_bonus=0.1, ground_truth="reference", cap=2.0, compat="strict"))
   c.eval = config_dict.ConfigDict(dict(
       num_per_task=12, samples=8, k=3, temperature=0.7, pass_ks=(1, 3, 8), batch_prompts=24,
+      zero_shot=False,      # also evaluate the initial policy, before SFT (eval_zero_shot.json)
+      points=0,             # evaluation points along RL (training/points.py; configs/collapse.py)
+      points_samples="",    # their samples per instance: "N" or "SET:N,..."; "": eval.samples
   ))
   c.checkpoint = config_dict.ConfigDict(dict(every=100, keep=2, export_hf=True))
   c.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1))

@@ -144,7 +144,7 @@ class ImagePromptEncoder(pipeline.PromptEncoder):
 
 def make_encoder(cfg, processor) -> ImagePromptEncoder:
   """The run's image-prompt encoder (config.prompt_style, config.image.size)."""
-  cache = ImageCache(processor, int(cfg.image.size), int(cfg.image.get("cache", 4096)))
+  cache = ImageCache(processor, int(cfg.image.size), int(cfg.image.cache))
   return ImagePromptEncoder(processor, cfg.prompt_style, cfg.model.max_prompt_len,
                             cfg.chat_template, cache=cache)
 

@@ -131,7 +131,7 @@ SCHEMA: dict[str, Spec] = {
     "eval.num_per_task": Int(1), "eval.samples": Int(1), "eval.k": Int(1),
     "eval.temperature": Float(0), "eval.pass_ks": Ints(1), "eval.batch_prompts": Int(1),
     "eval.modalities": Strs(multimodal.MODALITIES, optional=True),
-    "eval.zero_shot": Bool(optional=True),  # also evaluate the initial policy (before SFT)
+    "eval.zero_shot": Bool(),  # also evaluate the initial policy (before SFT)
     # configs/mm_nphard.py: the perception stage of an image policy (training/perception.py)
     "perception.steps": Int(0, optional=True), "perception.lr": Float(0, optional=True),
     "perception.warmup": Int(0, optional=True), "perception.max_new_tokens": Int(1, optional=True),
@@ -151,7 +151,7 @@ SCHEMA: dict[str, Spec] = {
     "collapse.sft_from": Choice(("A", "stream"), optional=True),
     "collapse.rl_from": Choice(("AB", "stream"), optional=True),
     # evaluation points along RL (training/points.py; configs/collapse.py)
-    "eval.points": Int(0, optional=True), "eval.points_samples": Str(optional=True),
+    "eval.points": Int(0), "eval.points_samples": Str(),
     # image prompts (configs/mm_nphard*.py only)
     "image.size": Int(128, optional=True), "image.min_pixels": Int(1, optional=True),
     "image.max_pixels": Int(1, optional=True), "image.patch_budget": Int(1, optional=True),
@@ -219,7 +219,7 @@ def task_keys(cfg) -> list[str]:
 def points_samples_max(cfg) -> int:
   """The most samples per instance of the evaluation points along RL (config.eval.points,
   points_samples: "64" or "A:32,B:64"); 0 without points."""
-  if "points" not in cfg.eval or not cfg.eval.points:
+  if not cfg.eval.points:
     return 0
   spec = str(cfg.eval.points_samples or cfg.eval.samples)
   try:

@@ -89,14 +89,14 @@ def parse_samples(value, names) -> dict:
 def check_config(cfg) -> None:
   """config.eval.points (>= 0) and eval.points_samples (its sets), checked before anything is
   built rather than when RL reaches the first point."""
-  n = cfg.eval.get("points", 0)
+  n = cfg.eval.points
   if not isinstance(n, int) or n < 0:
     raise ValueError(f"config.eval.points={n!r}: the number of evaluation points along RL (>= 0)")
   if n:
     c = cfg.get("collapse") or {}
     names = ["A", "B", "C"] if c.get("splits") or c.get("split_file") else (
         ["pool"] if c.get("pool") else ["held_out"])
-    parse_samples(cfg.eval.get("points_samples", 0) or cfg.eval.samples, names)
+    parse_samples(cfg.eval.points_samples or cfg.eval.samples, names)
 
 
 def sets_of(taskset, cfg) -> dict:
@@ -116,9 +116,9 @@ class Points:
   def __init__(self, run, start_params):
     self.run, self.start = run, start_params
     cfg = run.cfg
-    self.steps = point_steps(cfg.rl.steps, int(cfg.eval.get("points", 0)))
+    self.steps = point_steps(cfg.rl.steps, cfg.eval.points)
     self.sets = sets_of(run.taskset, cfg) if self.steps else {}
-    self.samples = parse_samples(cfg.eval.get("points_samples", 0) or cfg.eval.samples, list(self.sets))
+    self.samples = parse_samples(cfg.eval.points_samples or cfg.eval.samples, list(self.sets))
     self._samplers, self._logprob = {}, None
 
   @property

@@ -44,7 +44,7 @@ def train(cfg, workdir: str, allow_config_change=()) -> dict:
   t_start = time.time()
   run, state = setup(cfg, workdir, allow_config_change)
   with ckpt_lib.StopSignal() as stop:
-    if cfg.eval.get("zero_shot") and cfg.sft.steps and state.step == 0:  # the initial policy
+    if cfg.eval.zero_shot and cfg.sft.steps and state.step == 0:  # the initial policy
       run.timed("eval", evaluation.held_out, run, "zero_shot", state)
     state, stopped = sft_stage(run, state, stop)
     if stopped:
@@ -150,7 +150,7 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   reference = state.reference
   ref_fn = (lambda seqs: logprob_eval(reference, seqs)) if reference is not None else None
   # Evaluation points along RL (config.eval.points): they read the policy at the start of RL.
-  points = eval_points.Points(run, reference if reference is not None or not cfg.eval.get("points") else
+  points = eval_points.Points(run, reference if reference is not None or not cfg.eval.points else
                               reference_policy(run.ckpt, state, cfg.sft.steps))
   points.maybe(state)
   consecutive, first_rl = 0, state.step
@@ -265,7 +265,7 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
              "seed": cfg.seed, "nonfinite_steps": state.counters["nonfinite_total"],
              "wall_s": time.time() - t_start}
   zero = (report.read_result(os.path.join(run.workdir, "eval_zero_shot.json"), EVAL_KEYS)[0]
-          if cfg.eval.get("zero_shot") else None)
+          if cfg.eval.zero_shot else None)
   if zero is not None:  # the initial policy, before SFT
     results["zero_shot"] = {k: zero[k] for k in ("per_task", "categories", "overall")}
   if "modalities" in after:  # a vision-language policy: every modality, before and after RL
