@@ -15,6 +15,7 @@ run.py         the run context (`Run`: config, objective, shardings, optimizers,
 stages.py      `train(cfg, workdir)`: SFT, evaluation, DPH pre-sampling, RL, evaluation, results
 config.py      the config schema, check_config, the resume contract, config files by path
 evaluation.py  SR/QR, pass@k and diversity on held-out instances; points.py along RL
+perception.py  an image policy's perception stage (transcribing the image) and its scores
 checkpoint.py  orbax checkpoints; report.py metrics, JSON files, plots
 `python -m dmpo_jax.train` is their command line; docs/ARCHITECTURE.md follows one step.
 """
