@@ -341,9 +341,17 @@ def config_json(cfg) -> dict:
   return json.loads(cfg.to_json_best_effort())
 
 
+# Fields declared after runs were saved without them, with the value their absence meant: a
+# workdir whose config.json lacks one resumes unchanged when the config has that value.
+ADDED_FIELDS = {"eval.zero_shot": False, "eval.points": 0, "eval.points_samples": ""}
+
+
 def config_changes(saved: dict, cfg) -> dict:
   """{path: (workdir's value, this config's)} for every compared field that differs."""
   old, new = flatten(saved), flatten(config_json(cfg))
+  for p, meant in ADDED_FIELDS.items():
+    if p not in old and new.get(p) == meant:
+      old[p] = meant
   missing = object()
   return {p: (old.get(p, "<absent>"), new.get(p, "<absent>"))
           for p in sorted(set(old) | set(new))

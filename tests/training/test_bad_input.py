@@ -155,6 +155,19 @@ def test_resume_contract_lists_the_differing_fields(tmp_path):
     config_lib.check_resume(cfg, str(tmp_path))
 
 
+def test_a_field_added_later_resumes_at_the_value_its_absence_meant(tmp_path):
+  """A run saved before eval.zero_shot / eval.points existed resumes when the config keeps the
+  values their absence meant, and is refused when it sets another."""
+  cfg = smoke()
+  old = config_lib.config_json(cfg)
+  for field in ("zero_shot", "points", "points_samples"):
+    del old["eval"][field]
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  assert config_lib.check_resume(cfg, str(tmp_path)) is False
+  with pytest.raises(config_lib.ConfigError, match=r"eval.zero_shot: '<absent>' -> True"):
+    config_lib.check_resume(smoke(**{"eval.zero_shot": True}), str(tmp_path))
+
+
 def npbench_record(task="TSP", level="easy", seed=0, **over):
   from dmpo_jax.tasks import data
   r = data.make_record(task, seed, level)
