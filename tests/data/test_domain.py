@@ -73,8 +73,8 @@ def test_the_domain_trains_end_to_end(task, tmp_path):
   res = stages.train(cfg, str(tmp_path))
   after = res["after"]
   assert set(after["per_task"]) == {"bounded-digits"} and set(after["categories"]) == {"toy"}
-  # SFT learnt the domain: 0.44 here (a trial with 60 SFT steps scored 0); a policy that writes the right number
-  # of uniform digits but ignores the bound scores 0.27 on average over these instances.
+  # SFT learnt the domain: 0.44 here (a trial with 60 SFT steps scored 0); a policy that
+  # writes the right number of uniform digits but ignores the bound scores 0.27 on average.
   assert res["before"]["overall"]["SR_mean"] > 0.3
   assert np.isfinite(after["overall"]["SR_mean"]) and np.isfinite(after["overall"]["QR@3"])
   assert (tmp_path / "points" / "rl4.json").exists()
