@@ -19,6 +19,11 @@ def smoke(arg="smoke", **over):
   (smoke(**{"rl.steps": 2}))."""
   cfg = config_module("nphard").get_config(arg)
   cfg.log.tensorboard = False
+  return override(cfg, **over)
+
+
+def override(cfg, **over):
+  """Set dotted-path fields of a config in place (override(cfg, **{"rl.steps": 2})); returns it."""
   for path, value in over.items():
     node = cfg
     *parents, leaf = path.split(".")

@@ -62,14 +62,19 @@ def score(key: str, q: dict, target: list[int], ids: list[int], text: str) -> tu
   return acc, exact
 
 
-def transcribe(run, params, encoder, items, rng) -> list[tuple[list[int], str]]:
-  """Greedy transcriptions of [(task key, instance)] from `encoder`'s prompts: (ids up to and
-  with the end token, text before it)."""
-  cfg = run.cfg
-  length, bp = int(cfg.perception.max_new_tokens), cfg.eval.batch_prompts
-  scfg = sampling.SamplingConfig(max_new_tokens=length, greedy=True, eos_id=encoder.eos,
-                                 stop_ids=encoder.stop_ids, pad_id=encoder.pad)
-  sampler = run.sampler(scfg)
+def greedy_sampler(run):
+  """The run's jitted greedy sampler at config.perception.max_new_tokens (made once, used for
+  the image and the blank prompts alike: same ids, same shapes)."""
+  enc = run.encoder
+  return run.sampler(sampling.SamplingConfig(
+      max_new_tokens=int(run.cfg.perception.max_new_tokens), greedy=True, eos_id=enc.eos,
+      stop_ids=enc.stop_ids, pad_id=enc.pad))
+
+
+def transcribe(run, sampler, params, encoder, items, rng) -> list[tuple[list[int], str]]:
+  """Greedy transcriptions of [(task key, instance)] from `encoder`'s prompts (`sampler`:
+  `greedy_sampler`): (ids up to and with the end token, text before it)."""
+  bp = run.cfg.eval.batch_prompts
   out = []
   for c0 in range(0, len(items), bp):
     chunk = items[c0:c0 + bp]
@@ -100,8 +105,9 @@ def evaluate(run, state) -> dict:
   items = run.taskset.held_out(cfg.eval.num_per_task)
   length = int(cfg.perception.max_new_tokens)
   res = {"steps": steps(cfg), "per_task": {}, "overall": {}}
+  sampler = greedy_sampler(run)
   for name, enc in (("image", run.encoder), ("blank", run.encoder.blank_control())):
-    got = transcribe(run, state.params, enc, items, jax.random.fold_in(state.eval_key(), 17))
+    got = transcribe(run, sampler, state.params, enc, items, jax.random.fold_in(state.eval_key(), 17))
     rows = {}
     for (key, q), (ids, text) in zip(items, got):
       acc, exact = score(key, q, enc.transcript_ids(key, q, length), ids, text)

@@ -15,8 +15,8 @@ from dmpo_jax.models import mrope, vision
 from dmpo_jax.models.hf import CheckpointError
 from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.models.transformer import rope, rope_tables
-from dmpo_jax.models.vl_processor import VLProcessor, build_image_processor
-from tests.helpers import tiny_vl_hf_config
+from dmpo_jax.models.vl_processor import VLProcessor
+from tests.helpers import save_tiny_vl_processor, tiny_vl_hf_config
 
 IMAGE, START, END = 99, 97, 98  # image-pad, vision-start, vision-end token ids of the tiny model
 GRIDS = np.array([[1, 4, 6], [1, 8, 8]])  # patches: 24 and 64; merged tokens: 6 and 16
@@ -339,25 +339,10 @@ def test_mrope_tables_match_transformers(hf_vl):
     mrope.mrope_tables(positions, h, 10000.0, [2, 2, 2])
 
 
-def _tiny_processor_folder(path, cfg):
-  from tokenizers import Tokenizer, models, pre_tokenizers
-  from transformers import PreTrainedTokenizerFast
-
-  words = ["<pad>", "<unk>", "describe", "the", "graph", "answer", ":"]
-  tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-  fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>")
-  fast.add_special_tokens({"additional_special_tokens": ["<|vision_start|>", "<|image_pad|>",
-                                                        "<|vision_end|>"]})
-  # 28 x 28 px per merged token; at most 16 merged tokens (64 patches) per image.
-  ip = build_image_processor(cfg, min_pixels=28 * 28, max_pixels=28 * 28 * 16)
-  VLProcessor(fast, ip).save_pretrained(path)
-
-
 def test_processor_feeds_the_tower(f32_tower, tmp_path):
   tower, run, _ = f32_tower
   folder = str(tmp_path / "proc")
-  _tiny_processor_folder(folder, tower.cfg)
+  save_tiny_vl_processor(folder, tower.cfg)
   proc = VLProcessor.from_folder(folder, patch_budget=128)
   proc.check_vision_config(tower.cfg)
   rng = np.random.RandomState(0)

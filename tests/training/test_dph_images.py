@@ -16,7 +16,7 @@ from dmpo_jax.training import stages
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training import dph, steps
 from dmpo_jax.data import pipeline
-from tests.helpers import config_module, smoke
+from tests.helpers import config_module, override, smoke
 
 mm_nphard = config_module("mm_nphard")
 
@@ -36,13 +36,7 @@ def config(spec="smoke,algo=dph_js,tasks=TSP+knapsack", **over):
   c = mm_nphard.get_config(spec)
   c.log.tensorboard = c.log.plots = False
   c.mesh.data = 2
-  for path, value in over.items():
-    node = c
-    *parents, leaf = path.split(".")
-    for name in parents:
-      node = node[name]
-    node[leaf] = value
-  return c
+  return override(c, **over)
 
 
 @pytest.mark.slow

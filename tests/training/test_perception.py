@@ -11,7 +11,7 @@ import pytest
 from dmpo_jax.training import config as config_lib
 from dmpo_jax.training import stages
 from dmpo_jax.training.steps import make_optimizer
-from tests.helpers import config_module, metric_rows, saved_state
+from tests.helpers import config_module, metric_rows, override, saved_state
 
 mm_nphard = config_module("mm_nphard")
 # Two perception steps, one task-SFT step, one RL step; two tasks, a checkpoint every step.
@@ -21,14 +21,7 @@ DRILL = {"perception.steps": 2, "sft.steps": 3, "rl.steps": 1, "checkpoint.every
 
 
 def cfg_of(**over):
-  c = mm_nphard.get_config("smoke,tasks=subset-sum+GCP-D")
-  for path, value in over.items():
-    node = c
-    *parents, leaf = path.split(".")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return override(mm_nphard.get_config("smoke,tasks=subset-sum+GCP-D"), **over)
 
 
 def test_the_schedule_opens_with_the_stage_rate():
