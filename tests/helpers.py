@@ -216,3 +216,22 @@ def metric_rows(workdir):
   import json
   rows = [json.loads(l) for l in open(workdir / "metrics.jsonl")]
   return [{k: v for k, v in r.items() if k not in TIMINGS} for r in rows]
+
+
+def checkpoint_tensors(path):
+  """The tensors of a folder's model.safetensors, as numpy arrays by name."""
+  from safetensors.numpy import load_file
+
+  return load_file(os.path.join(path, "model.safetensors"))
+
+
+def write_checkpoint(path, config: dict, tensors: dict) -> None:
+  """A Hugging Face folder: config.json and model.safetensors (PyTorch's metadata)."""
+  import json
+
+  from safetensors.numpy import save_file
+
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config, f)
+  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})

@@ -16,7 +16,7 @@ from dmpo_jax.models.hf import CheckpointError
 from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.models.transformer import rope, rope_tables
 from dmpo_jax.models.vl_processor import VLProcessor
-from tests.helpers import save_tiny_vl_processor, tiny_vl_hf_config
+from tests.helpers import checkpoint_tensors, save_tiny_vl_processor, tiny_vl_hf_config, write_checkpoint
 
 IMAGE, START, END = 99, 97, 98  # image-pad, vision-start, vision-end token ids of the tiny model
 GRIDS = np.array([[1, 4, 6], [1, 8, 8]])  # patches: 24 and 64; merged tokens: 6 and 16
@@ -143,21 +143,6 @@ def test_every_vision_parameter_has_logical_axes():
     assert names is not None and len(names) == len(leaf.get_value().shape)
 
 
-def _tensors(path):
-  from safetensors.numpy import load_file
-
-  return load_file(os.path.join(path, "model.safetensors"))
-
-
-def _write_folder(path, config, tensors):
-  from safetensors.numpy import save_file
-
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(config, f)
-  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-
-
 def _flat_config(nested):
   """The released checkpoints' config.json layout: text fields at the top level, mrope in
   rope_scaling, and the older vision field names."""
@@ -180,7 +165,7 @@ def test_load_both_checkpoint_layouts(hf_vl, tmp_path):
   model, path = hf_vl
   with open(os.path.join(path, "config.json")) as f:
     nested = json.load(f)
-  tensors = _tensors(path)
+  tensors = checkpoint_tensors(path)
   assert any(k.startswith("visual.") for k in tensors)  # what transformers 5 writes today
   first = vision.load_vision(path)
   # The transformers-5 module layout (model.visual.*, model.language_model.*), which
@@ -188,13 +173,13 @@ def test_load_both_checkpoint_layouts(hf_vl, tmp_path):
   renamed = {("model." + k if k.startswith("visual.") else
               k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
              for k, v in tensors.items()}
-  _write_folder(str(tmp_path / "nested"), nested, renamed)
+  write_checkpoint(str(tmp_path / "nested"), nested, renamed)
   again = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tmp_path / "nested"))
   for name, value in again.state_dict().items():
     np.testing.assert_array_equal(value.numpy(), model.state_dict()[name].numpy(), err_msg=name)
   second = vision.load_vision(str(tmp_path / "nested"))
   # The released layout: flat config (rope_scaling type mrope, in_chans) and visual.*.
-  _write_folder(str(tmp_path / "flat"), _flat_config(nested), tensors)
+  write_checkpoint(str(tmp_path / "flat"), _flat_config(nested), tensors)
   third = vision.load_vision(str(tmp_path / "flat"))
   assert first.cfg == second.cfg == third.cfg
   a, b, c = (jax.tree.leaves(nnx.state(t, nnx.Param)) for t in (first, second, third))
@@ -213,7 +198,7 @@ def test_bad_checkpoints_name_the_tensor_or_field(hf_vl):
   with open(os.path.join(path, "config.json")) as f:
     hf_cfg = json.load(f)
   cfg = vision.vision_config_from_hf(hf_cfg)
-  tensors = _tensors(path)
+  tensors = checkpoint_tensors(path)
   missing = {k: v for k, v in tensors.items() if k != "visual.blocks.2.norm2.weight"}
   with pytest.raises(CheckpointError, match=r"visual\.blocks\.2\.norm2\.weight is missing"):
     vision.load_vision_params(missing, cfg)

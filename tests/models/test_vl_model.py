@@ -13,7 +13,7 @@ from flax import nnx
 from dmpo_jax.models import hf, qwen2_5_vl, vision
 from dmpo_jax.models.hf import CheckpointError
 from dmpo_jax.models.vl_processor import VLProcessor
-from tests.helpers import END, IMAGE, START
+from tests.helpers import END, IMAGE, START, checkpoint_tensors, write_checkpoint
 
 GRIDS = np.array([[1, 4, 6], [1, 8, 8]])  # 24 + 64 patches; 6 + 16 merged tokens
 BUDGET = 100  # patches per call (the images of a batch take at most 88)
@@ -105,21 +105,6 @@ def test_logits_match_transformers(hf_vl):
   assert (flat != inp["positions"]).any()  # text after an image continues past its extent
 
 
-def _tensors(path):
-  from safetensors.numpy import load_file
-
-  return load_file(os.path.join(path, "model.safetensors"))
-
-
-def _write(path, config, tensors):
-  from safetensors.numpy import save_file
-
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(config, f)
-  save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-
-
 def _flat_config(nested):
   """The released checkpoints' layout: text fields at the top level, mrope in rope_scaling."""
   flat = {k: v for k, v in nested.items() if k != "text_config"}
@@ -138,15 +123,15 @@ def test_load_both_layouts_and_refuse_bad_checkpoints(hf_vl, tmp_path):
   _, path = hf_vl
   with open(os.path.join(path, "config.json")) as f:
     nested = json.load(f)
-  tensors = _tensors(path)
+  tensors = checkpoint_tensors(path)
   assert any(k.startswith("model.layers.") for k in tensors)  # what save_pretrained writes
   first, _ = hf.load(path)
   # transformers-5 module names with the nested config; released names with the flat config.
   renamed = {("model." + k if k.startswith("visual.") else
               k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
              for k, v in tensors.items()}
-  _write(str(tmp_path / "nested"), nested, renamed)
-  _write(str(tmp_path / "flat"), _flat_config(nested), tensors)
+  write_checkpoint(str(tmp_path / "nested"), nested, renamed)
+  write_checkpoint(str(tmp_path / "flat"), _flat_config(nested), tensors)
   second, proc2 = hf.load(str(tmp_path / "nested"))
   third, _ = hf.load(str(tmp_path / "flat"))
   assert proc2 is None  # no tokenizer or image processor in that folder
@@ -178,13 +163,13 @@ def test_load_both_layouts_and_refuse_bad_checkpoints(hf_vl, tmp_path):
        r"unexpected tensor.*model\.layers\.2\.mlp\.up_proj"),
   ]
   for i, (config, tens, message) in enumerate(cases):
-    _write(str(tmp_path / f"bad{i}"), config, tens)
+    write_checkpoint(str(tmp_path / f"bad{i}"), config, tens)
     with pytest.raises(CheckpointError, match=message):
       hf.load(str(tmp_path / f"bad{i}"))
   # A folder with a tokenizer but no image processor.
   os.remove(os.path.join(str(tmp_path / "bad0"), "model.safetensors"))
   broken = str(tmp_path / "no_image_processor")
-  _write(broken, nested, tensors)
+  write_checkpoint(broken, nested, tensors)
   with open(os.path.join(path, "tokenizer.json")) as f, \
        open(os.path.join(broken, "tokenizer.json"), "w") as g:
     g.write(f.read())
@@ -209,7 +194,7 @@ def test_load_both_layouts_and_refuse_bad_checkpoints(hf_vl, tmp_path):
   # A Qwen2-VL checkpoint: its vision tower (LayerNorm, no windows) is another architecture.
   qwen2_vl = dict(nested, vision_config=dict(nested["vision_config"], model_type="qwen2_vl",
                                              embed_dim=32, mlp_ratio=4))
-  _write(str(tmp_path / "qwen2_vl"), qwen2_vl, tensors)
+  write_checkpoint(str(tmp_path / "qwen2_vl"), qwen2_vl, tensors)
   with pytest.raises(CheckpointError, match=r"vision_config\.model_type='qwen2_vl'"):
     hf.load(str(tmp_path / "qwen2_vl"))
 
