@@ -39,13 +39,17 @@ POINT_METRICS = ("pass_optimal@1", "coverage", "distinct_optimal", "pass_optimal
 
 # ---------------------------------------------------------------------------
 # Statistics.
-def holm(pvalues) -> np.ndarray:
+def holm(pvalues, m: int | None = None) -> np.ndarray:
   """Holm's step-down adjusted p-values, in the input order: sorted ascending, the i-th
-  (from 0) of m is max_{j <= i} min(1, (m - j) p_(j)). NaN p-values are left out of m."""
+  (from 0) of m is max_{j <= i} min(1, (m - j) p_(j)). NaN p-values (contrasts that could
+  not be tested) stay NaN; m is the number of finite ones unless given (the size of the
+  pre-registered family, so that an untestable contrast counts as p = 1)."""
   p = np.asarray(pvalues, float)
   out = np.full(p.shape, np.nan)
   ok = np.flatnonzero(np.isfinite(p))
-  m = len(ok)
+  m = len(ok) if m is None else m
+  if m < len(ok):
+    raise ValueError(f"holm: m = {m} is smaller than the {len(ok)} finite p-values")
   running = 0.0
   for rank, idx in enumerate(ok[np.argsort(p[ok], kind="stable")]):
     running = max(running, min(1.0, (m - rank) * p[idx]))
@@ -81,15 +85,19 @@ def _finite(v) -> bool:
 # ---------------------------------------------------------------------------
 # Matched interpolation.
 def interpolate(xs, ys, x: float) -> float:
-  """y where the trajectory (xs[i], ys[i]), in training order, first reaches x: linear
-  between the two evaluation points that bracket it; NaN if it never does."""
+  """y where the trajectory (xs[i], ys[i]), in training order, first reaches x, i.e. at the
+  first point with xs[i] >= x: ys[0] when the start is already there, else linear between
+  that point and the one before it; NaN if it never does. Points with a non-finite x or y
+  are skipped."""
   xs, ys = np.asarray(xs, float), np.asarray(ys, float)
   if len(xs) != len(ys):
     raise ValueError(f"interpolate: {len(xs)} x values, {len(ys)} y values")
+  keep = np.isfinite(xs) & np.isfinite(ys)
+  xs, ys = xs[keep], ys[keep]
   for i in range(len(xs)):
-    if xs[i] == x:
-      return float(ys[i])
-    if i and (xs[i - 1] - x) * (xs[i] - x) < 0:
+    if xs[i] >= x:
+      if i == 0 or xs[i] == x:
+        return float(ys[i])
       w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
       return float(ys[i - 1] + w * (ys[i] - ys[i - 1]))
   return math.nan
@@ -160,19 +168,22 @@ def matched(runs_points: dict, families: dict, split: str, x: str, y: str, targe
 MIN_SEEDS = 3  # a contrast on fewer paired seeds is reported as not estimable (p NaN)
 
 
-def contrasts(values: dict, pairs, confidence: float = 0.95) -> list[dict]:
+def contrasts(values: dict, pairs, confidence: float = 0.95, m: int | None = None) -> list[dict]:
   """Seed-paired tests of (a, b) family pairs on {family: {seed: v}}, Holm-adjusted over the
-  list; intervals at the Bonferroni level 1 - (1 - confidence) / m as well. Pairs with fewer
-  than MIN_SEEDS seeds where both reach the target get p = NaN (left out of Holm's m)."""
-  m = len(pairs)
+  list; intervals at the Bonferroni level 1 - (1 - confidence) / m as well, m = the size of
+  the family of tests (len(pairs) unless given). Pairs with fewer than MIN_SEEDS seeds where
+  both reach the target are not estimable: n and the differences only (mean, intervals and
+  p NaN; they count as p = 1 in Holm's m)."""
+  m = len(pairs) if m is None else m
   rows = []
   for a, b in pairs:
     r = paired_test(values.get(a, {}), values.get(b, {}), confidence)
-    if r["n"] < MIN_SEEDS:
-      r["p"] = math.nan
     rb = paired_test(values.get(a, {}), values.get(b, {}), 1 - (1 - confidence) / max(m, 1))
-    rows.append(dict(r, contrast=f"{a} - {b}", low_bonferroni=rb["low"], high_bonferroni=rb["high"]))
-  for r, ph in zip(rows, holm([r["p"] for r in rows])):
+    r = dict(r, contrast=f"{a} - {b}", low_bonferroni=rb["low"], high_bonferroni=rb["high"])
+    if r["n"] < MIN_SEEDS:
+      r.update({k: math.nan for k in ("mean", "low", "high", "p", "low_bonferroni", "high_bonferroni")})
+    rows.append(r)
+  for r, ph in zip(rows, holm([r["p"] for r in rows], m=max(m, len(rows)))):
     r["p_holm"] = float(ph)
   return rows
 
@@ -319,7 +330,7 @@ def targets(points: dict, reference: str = "grpo", frac: float = TARGET_FRACTION
     start, end = [], []
     for pts in runs.values():
       xs, _ = trajectory(pts, split, x, x)
-      if len(xs) >= 2:
+      if len(xs) >= 2 and 0 in pts:  # a run's start (RL step 0) and its end (its last point)
         start.append(xs[0])
         end.append(xs[-1])
     if start:
@@ -337,19 +348,24 @@ def analyse(points: dict, families: dict, pairs, reference: str = "grpo") -> dic
   without a target (too small a reference gain) is listed under "no_target"."""
   tg = targets(points, reference)
   out = {"targets": {f"{s}/{x}": v for (s, x), v in tg.items()}, "matched": {}, "primary": [],
-         "exploratory": [], "no_target": []}
+         "exploratory": [], "no_target": [], "start_at_target": {}}
+  for (split, x), v in tg.items():  # seeds whose start (shared by their labels) is at the target
+    starts = {seed: trajectory({0: pts[0]}, split, x, x)[0] for seed, pts in points.get(reference, {}).items()
+              if 0 in pts}
+    out["start_at_target"][f"{split}/{x}"] = sorted(seed for seed, xs in starts.items() if xs and xs[0] >= v)
   for kind, specs in (("primary", PRIMARY), ("exploratory", EXPLORATORY)):
     rows = []
+    m = len(specs) * len(pairs)  # the family of tests of this kind, as registered
     for split, x, y_split, y in specs:
       if (split, x) not in tg:
         out["no_target"].append(f"{kind}: {y_split}/{y} at {split}/{x}")
         continue
       vals = matched(points, families, split, x, y, tg[(split, x)], y_split=y_split)
       out["matched"][f"{y_split}/{y}@{split}/{x}"] = vals
-      for r in contrasts(vals, pairs):
+      for r in contrasts(vals, pairs, m=m):
         rows.append(dict(r, set=y_split, x=f"{split}/{x}", y=y, target=tg[(split, x)]))
-    for r, ph in zip(rows, holm([r["p"] for r in rows])):
-      r["p_holm"] = float(ph)  # over the whole family of this kind
+    for r, ph in zip(rows, holm([r["p"] for r in rows], m=max(m, len(rows)))):
+      r["p_holm"] = float(ph)  # over the whole family of this kind (untestable ones: p = 1)
     out[kind] = rows
   return out
 
@@ -365,6 +381,12 @@ def markdown(result: dict, manifest: dict) -> str:
                  f"started {s.get('started')}, wall {_f(s.get('wall_s'), 0)} s")
   lines += ["", "Targets (pre-registered rule: start + 1/2 of `grpo`'s mean gain in pass@1; 1/2 of "
             "`grpo`'s mean end KL; AB = sets A and B together, the RL prompts): " + ", ".join(f"{k} = {_f(v)}" for k, v in result["targets"].items()), ""]
+  at = {k: v for k, v in result.get("start_at_target", {}).items() if v}
+  if at:
+    lines += ["Seeds whose start is already at the target (every method's matched value there is the "
+              "start's, a difference of 0): " + "; ".join(f"{k}: seeds {v}" for k, v in at.items()), ""]
+  if result.get("incomplete"):
+    lines += [f"Left out (not finished): {', '.join(result['incomplete'])}", ""]
   if result.get("no_target"):
     lines += [f"No target (the reference's mean pass@1 gain is below {MIN_GAIN}): "
               + "; ".join(result["no_target"]), ""]
@@ -403,10 +425,14 @@ def write(out: str, runs: dict, manifest: dict, plots: bool = True) -> dict:
   """frontier.md, frontier.json, per_seed.csv, points.csv and pareto.png of a sweep folder
   (runs: sweep_report.collect's)."""
   from dmpo_jax.training import report
-  points = {l: {s: p for s in by_seed if (p := read_points(os.path.join(out, l, f"seed{s}")))}
-            for l, by_seed in runs.items()}
+  every = {l: {s: p for s in by_seed if (p := read_points(os.path.join(out, l, f"seed{s}")))}
+           for l, by_seed in runs.items()}
+  write_csv(per_seed_rows(runs, every), os.path.join(out, "per_seed.csv"))
+  # The analysis reads finished runs only: a run stopped part-way has no end point, and its
+  # last point would pass for one (the CSVs above and per_seed.csv's status show the others).
+  points = {l: {s: p for s, p in by_seed.items() if runs[l][s]["status"] == "finished"}
+            for l, by_seed in every.items()}
   points = {l: v for l, v in points.items() if v}
-  write_csv(per_seed_rows(runs, points), os.path.join(out, "per_seed.csv"))
   if not points:
     return {}
   write_csv(point_rows(points), os.path.join(out, "points.csv"))
@@ -414,6 +440,8 @@ def write(out: str, runs: dict, manifest: dict, plots: bool = True) -> dict:
   families = {f: ls for f, ls in families.items() if ls}
   pairs = [tuple(p) for p in manifest.get("contrasts", [])]
   result = analyse(points, families, pairs, manifest.get("baseline", "grpo"))
+  result["incomplete"] = [f"{l}/seed{s} ({r['status']})" for l, by_seed in runs.items()
+                          for s, r in by_seed.items() if r["status"] != "finished"]
   write_csv([{"comparison": k, "method": f, "seed": seed, "value": x}
              for k, v in result["matched"].items() for f, d in v.items() for seed, x in d.items()],
             os.path.join(out, "matched.csv"))

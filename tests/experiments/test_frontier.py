@@ -161,6 +161,12 @@ def test_interpolation_at_matched_x_on_synthetic_curves():
   assert math.isnan(frontier.interpolate(xs, ys, 0.85))  # never reached
   # a trajectory that goes back: the first crossing counts
   assert math.isclose(frontier.interpolate([0.5, 0.9, 0.6], [1.0, 0.2, 0.9], 0.7), 0.6)
+  # a start already at or above x has reached it at step 0, whatever comes after
+  assert frontier.interpolate([0.8, 0.5, 0.9], [0.3, 0.1, 0.2], 0.7) == 0.3
+  assert frontier.interpolate([0.7, 0.9], [0.4, 0.2], 0.7) == 0.4
+  # a point with a NaN is skipped, not a wall: the crossing is bracketed across it
+  assert math.isclose(frontier.interpolate([0.3, float("nan"), 0.6], [1.0, 0.5, 0.4], 0.45), 0.7)
+  assert math.isclose(frontier.interpolate([0.3, 0.5, 0.6], [1.0, float("nan"), 0.4], 0.45), 0.7)
   # the frontier: the best label that reaches x; a label that does not is left out
   trajs = {"weak": ([0.5, 0.55, 0.6], [1.0, 0.99, 0.98]), "mid": ([0.5, 0.6, 0.7], [1.0, 0.9, 0.8]),
            "strong": ([0.5, 0.7, 0.9], [1.0, 0.7, 0.4])}
@@ -191,11 +197,25 @@ def test_matched_families_and_contrasts_on_synthetic_curves():
   (row,) = frontier.contrasts(vals, [("keep", "grpo-less-rl")])
   assert row["mean"] == pytest.approx(0.3) and row["n"] == 5 and row["p"] == 0.0
   few = {f: {s: v for s, v in d.items() if s < 2} for f, d in vals.items()}  # 2 seeds: not estimable
-  assert math.isnan(frontier.contrasts(few, [("keep", "grpo-less-rl")])[0]["p"])
+  (row,) = frontier.contrasts(few, [("keep", "grpo-less-rl")])
+  assert row["n"] == 2 and all(math.isnan(row[k]) for k in ("p", "mean", "low", "high", "low_bonferroni"))
+  assert row["diffs"] == pytest.approx({0: 0.3, 1: 0.3})
+  # the Bonferroni interval is at 1 - 0.05 / m for the family's m, not the list's length
+  noisy = {"keep": {s: 0.5 + 0.1 * ((-1) ** s) * (s + 1) for s in range(5)}, "grpo-less-rl": {s: 0.4 for s in range(5)}}
+  (r2,) = frontier.contrasts(noisy, [("keep", "grpo-less-rl")], m=2)
+  (r12,) = frontier.contrasts(noisy, [("keep", "grpo-less-rl")], m=12)
+  wide = frontier.paired_test(noisy["keep"], noisy["grpo-less-rl"], 1 - 0.05 / 12)
+  assert r12["low_bonferroni"] == pytest.approx(wide["low"]) and r12["low_bonferroni"] < r2["low_bonferroni"]
+  assert r12["p_holm"] == pytest.approx(min(1.0, 12 * r12["p"]))
   # the rule's target: start 0.5 + half of grpo's mean gain (its mean end is 0.82)
   tg = frontier.targets(pts, "grpo")
   assert tg[("AB", "pass_optimal@1")] == tg[("A", "pass_optimal@1")] == pytest.approx(0.5 + 0.5 * 0.32)
   assert tg[("AB", "kl_k1")] == pytest.approx(0.5 * 0.32)
+  # a seed whose own start is already above the target: named, and matched at its start
+  high = dict(pts, grpo={**pts["grpo"], 5: synthetic_points(2.0, 0.9, start=0.7)})
+  res = frontier.analyse(high, fam, [("keep", "grpo-less-rl")])
+  assert res["start_at_target"]["AB/pass_optimal@1"] == [5]
+  assert res["matched"]["A/coverage@AB/pass_optimal@1"]["grpo-less-rl"][5] == pytest.approx(0.9)
   flat = {"grpo": {s: synthetic_points(2.0, 0.51) for s in range(5)}}  # a gain below MIN_GAIN
   assert ("AB", "pass_optimal@1") not in frontier.targets(flat, "grpo")
 
@@ -221,6 +241,11 @@ def test_holm_against_a_hand_computed_case():
   got = frontier.holm([0.01, float("nan"), 0.02])  # NaN: not counted in m
   assert got[0] == pytest.approx(0.02) and math.isnan(got[1]) and got[2] == pytest.approx(0.02)
   assert frontier.holm([0.3, 0.9]) == pytest.approx([0.6, 0.9])
+  # a family of 4 registered tests of which one could not be run: m stays 4
+  got = frontier.holm([0.01, float("nan"), 0.02], m=4)
+  assert got[0] == pytest.approx(0.04) and math.isnan(got[1]) and got[2] == pytest.approx(0.06)
+  with pytest.raises(ValueError, match="m = 1"):
+    frontier.holm([0.01, 0.02], m=1)
 
 
 def test_paired_test_is_the_paired_t_test():
@@ -255,7 +280,13 @@ def test_report_csv_holds_one_row_per_seed_and_label(tmp_path):
   for label, slope in labels.items():
     for seed in range(3):
       fake_run(out, label, seed, synthetic_points(slope, 0.8))
-  report.write_json({"labels": list(labels), "seeds": [0, 1, 2], "baseline": "grpo",
+  # a grpo run stopped part-way (no results.json): its last point (step 33, far above the
+  # others' end) must neither set the target nor enter a method's matched values
+  part = synthetic_points(2.0, 3.0)
+  fake_run(out, "grpo", 3, {k: v for k, v in part.items() if k <= 33})
+  os.remove(os.path.join(out, "grpo", "seed3", "results.json"))
+  os.makedirs(os.path.join(out, "grpo", "seed3", "checkpoints"))
+  report.write_json({"labels": list(labels), "seeds": [0, 1, 2, 3], "baseline": "grpo",
                      "families": {"grpo-less-rl": ["grpo"], "rkl": ["rkl-0.01"], "dmpo": ["dmpo-20-a1_15"]},
                      "contrasts": [["dmpo", "rkl"], ["dmpo", "grpo-less-rl"]],
                      "sessions": [{"commit": "abc", "machine": "cpu", "wall_s": 12.0}]},
@@ -263,7 +294,9 @@ def test_report_csv_holds_one_row_per_seed_and_label(tmp_path):
   sweep_report.write_report(out, plots=False)
   with open(os.path.join(out, "per_seed.csv")) as f:
     rows = list(csv.DictReader(f))
-  assert sorted((r["label"], r["seed"]) for r in rows) == sorted((l, str(s)) for l in labels for s in range(3))
+  assert sorted((r["label"], r["seed"]) for r in rows) == sorted((l, str(s)) for l in labels for s in range(4))
+  assert {r["label"]: r["status"] for r in rows if r["seed"] == "3"} == {
+      "grpo": "partial", "rkl-0.01": "not started", "dmpo-20-a1_15": "not started"}
   r = next(r for r in rows if r["label"] == "grpo" and r["seed"] == "2")
   assert float(r["final_coverage"]) == pytest.approx(0.32)
   assert float(r["A_coverage"]) == pytest.approx(0.9 - 2.0 * 0.3)  # the last point's
@@ -276,6 +309,11 @@ def test_report_csv_holds_one_row_per_seed_and_label(tmp_path):
   md = open(os.path.join(out, "report.md")).read()
   assert "evaluated on set C" in md and "commit `abc`" in md
   fr = json.load(open(os.path.join(out, "frontier.json")))
+  assert fr["targets"]["AB/pass_optimal@1"] == pytest.approx(0.5 + 0.5 * 0.3)  # finished grpo runs only
+  assert sorted(fr["incomplete"]) == ["dmpo-20-a1_15/seed3 (not started)", "grpo/seed3 (partial)",
+                                      "rkl-0.01/seed3 (not started)"]
+  assert "Left out (not finished): " in open(os.path.join(out, "frontier.md")).read()
+  assert all(set(d) == {"0", "1", "2"} for v in fr["matched"].values() for d in v.values())
   first, second, *on_b = fr["primary"]  # coverage on A, then pass@64 on B (equal: diff 0)
   assert [r["mean"] for r in on_b] == pytest.approx([0.0, 0.0]) and len(on_b) == 2
   assert first["contrast"] == "dmpo - rkl" and first["mean"] == pytest.approx((1.0 - 0.5) * 0.15)
