@@ -154,13 +154,14 @@ def trajectory(points: dict, split: str, x: str, y: str, overall: str = "overall
 
 
 def matched(runs_points: dict, families: dict, split: str, x: str, y: str, target: float,
-            y_split: str | None = None) -> dict:
+            y_split: str | None = None, overall: str = "overall_instance") -> dict:
   """{family: {seed: frontier value at x = target}} from {label: {seed: points}}; x on set
-  `split`, y on `y_split` (default: the same)."""
+  `split`, y on `y_split` (default: the same); `overall`: "overall_instance" (the mean over
+  instances) or "overall" (the mean of category means)."""
   out = {}
   for fam, labels in families.items():
     seeds = sorted({s for l in labels for s in runs_points.get(l, {})})
-    out[fam] = {s: frontier({l: trajectory(runs_points[l][s], split, x, y, y_split=y_split)
+    out[fam] = {s: frontier({l: trajectory(runs_points[l][s], split, x, y, overall, y_split=y_split)
                              for l in labels if s in runs_points.get(l, {})}, target) for s in seeds}
   return out
 
@@ -253,6 +254,19 @@ def point_rows(points: dict, metrics=POINT_METRICS) -> list[dict]:
   return rows
 
 
+def per_task_rows(points: dict, metrics=POINT_METRICS) -> list[dict]:
+  """One row per (label, seed, RL step, set, task): the task's metrics (mean over its instances)."""
+  rows = []
+  for label, by_seed in points.items():
+    for seed, pts in by_seed.items():
+      for step, p in pts.items():
+        for split, res in p["sets"].items():
+          for task, m in res.get("per_task", {}).items():
+            rows.append({"label": label, "seed": seed, "rl_step": step, "set": split, "task": task,
+                         **{k: m.get(k) for k in metrics}})
+  return rows
+
+
 def write_csv(rows: list[dict], path: str) -> None:
   cols = list(dict.fromkeys(k for r in rows for k in r))
   with open(path, "w", newline="") as f:
@@ -319,7 +333,8 @@ TARGET_FRACTION = 0.5  # matched at the start's value + this share of the refere
 MIN_GAIN = 0.02  # a reference gain in pass@1 below this leaves nothing to match (no target)
 
 
-def targets(points: dict, reference: str = "grpo", frac: float = TARGET_FRACTION) -> dict:
+def targets(points: dict, reference: str = "grpo", frac: float = TARGET_FRACTION,
+            overall: str = "overall_instance") -> dict:
   """The matching targets, by the pre-registered rule: for x = pass@1 on a set, the mean
   start value + frac x (the reference label's mean end value - the mean start value), none
   when that gain is below MIN_GAIN; for x = KL, frac x the reference's mean end KL. Means
@@ -329,7 +344,7 @@ def targets(points: dict, reference: str = "grpo", frac: float = TARGET_FRACTION
   for split, x, _, _ in PRIMARY + EXPLORATORY:
     start, end = [], []
     for pts in runs.values():
-      xs, _ = trajectory(pts, split, x, x)
+      xs, _ = trajectory(pts, split, x, x, overall)
       if len(xs) >= 2 and 0 in pts:  # a run's start (RL step 0) and its end (its last point)
         start.append(xs[0])
         end.append(xs[-1])
@@ -342,15 +357,16 @@ def targets(points: dict, reference: str = "grpo", frac: float = TARGET_FRACTION
   return out
 
 
-def analyse(points: dict, families: dict, pairs, reference: str = "grpo") -> dict:
+def analyse(points: dict, families: dict, pairs, reference: str = "grpo",
+            overall: str = "overall_instance") -> dict:
   """Matched values per family and seed, and the contrasts: "primary" (PRIMARY x pairs,
   Holm over all of them) and "exploratory" (EXPLORATORY x pairs, Holm within). A spec
   without a target (too small a reference gain) is listed under "no_target"."""
-  tg = targets(points, reference)
-  out = {"targets": {f"{s}/{x}": v for (s, x), v in tg.items()}, "matched": {}, "primary": [],
+  tg = targets(points, reference, overall=overall)
+  out = {"overall": overall, "targets": {f"{s}/{x}": v for (s, x), v in tg.items()}, "matched": {}, "primary": [],
          "exploratory": [], "no_target": [], "start_at_target": {}}
   for (split, x), v in tg.items():  # seeds whose start (shared by their labels) is at the target
-    starts = {seed: trajectory({0: pts[0]}, split, x, x)[0] for seed, pts in points.get(reference, {}).items()
+    starts = {seed: trajectory({0: pts[0]}, split, x, x, overall)[0] for seed, pts in points.get(reference, {}).items()
               if 0 in pts}
     out["start_at_target"][f"{split}/{x}"] = sorted(seed for seed, xs in starts.items() if xs and xs[0] >= v)
   for kind, specs in (("primary", PRIMARY), ("exploratory", EXPLORATORY)):
@@ -360,7 +376,7 @@ def analyse(points: dict, families: dict, pairs, reference: str = "grpo") -> dic
       if (split, x) not in tg:
         out["no_target"].append(f"{kind}: {y_split}/{y} at {split}/{x}")
         continue
-      vals = matched(points, families, split, x, y, tg[(split, x)], y_split=y_split)
+      vals = matched(points, families, split, x, y, tg[(split, x)], y_split=y_split, overall=overall)
       out["matched"][f"{y_split}/{y}@{split}/{x}"] = vals
       for r in contrasts(vals, pairs, m=m):
         rows.append(dict(r, set=y_split, x=f"{split}/{x}", y=y, target=tg[(split, x)]))
@@ -372,6 +388,84 @@ def analyse(points: dict, families: dict, pairs, reference: str = "grpo") -> dic
 
 def _f(v, nd=3) -> str:
   return "—" if v is None or not _finite(v) else f"{v:.{nd}f}"
+
+
+# (set, metric) columns of the start and end tables.
+SUMMARY = (("AB", "pass_optimal@1"), ("A", "pass_optimal@1"), ("A", "coverage"), ("B", "pass_optimal@1"),
+           ("B", "pass_optimal@64"), ("C", "pass_optimal@1"), ("C", "coverage"), ("AB", "kl_k1"))
+
+
+def _value(point: dict, split: str, metric: str, overall: str) -> float:
+  row = set_row(point, split, overall)
+  return math.nan if row is None else row.get(metric, math.nan)
+
+
+def _mean_ci(values) -> str:
+  v = [x for x in values if _finite(x)]
+  if len(v) < 2:
+    return _f(v[0] if v else None)
+  iv = stats.mean_ci(v)
+  return f"{iv.mean:.3f} ± {iv.high - iv.mean:.3f}"
+
+
+def summary_tables(points: dict, reference: str, overall: str) -> list[str]:
+  """Markdown: the start (RL step 0) per seed, read from the reference label's points (a
+  seed's labels share it), and every label at its last point, mean ± 95% half-width."""
+  head = [f"{m} ({sp})" for sp, m in SUMMARY]
+  lines = ["| seed | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 1)]
+  starts = {s: p[0] for s, p in sorted(points.get(reference, {}).items()) if 0 in p}
+  for seed, pt in starts.items():
+    lines.append(f"| {seed} | " + " | ".join(_f(_value(pt, sp, m, overall)) for sp, m in SUMMARY) + " |")
+  lines.append("| mean ± 95% | " + " | ".join(_mean_ci([_value(pt, sp, m, overall) for pt in starts.values()])
+                                           for sp, m in SUMMARY) + " |")
+  lines += ["", "Each label at the end of RL (its last evaluation point), mean ± 95% t half-width over seeds:", "",
+            "| label | n | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 2)]
+  for label, by_seed in points.items():
+    ends = [p[max(p)] for p in by_seed.values()]
+    lines.append(f"| `{label}` | {len(ends)} | " + " | ".join(
+        _mean_ci([_value(pt, sp, m, overall) for pt in ends]) for sp, m in SUMMARY) + " |")
+  return lines
+
+
+def per_task_tables(points: dict, reference: str) -> list[str]:
+  """Markdown: per task, coverage on A and optimal pass@64 on B at the start and at each
+  label's end (mean over seeds)."""
+  lines = []
+  for split, metric in (("A", "coverage"), ("B", "pass_optimal@64"), ("AB", "pass_optimal@1")):
+    parts = list(split)
+    tasks = sorted({t for by_seed in points.values() for p in by_seed.values() for q in p.values()
+                    for sp in parts for t in q["sets"].get(sp, {}).get("per_task", {})})
+    if not tasks:
+      continue
+    def cell(pts_list, task):
+      vals = []
+      for pt in pts_list:
+        v = [pt["sets"][sp]["per_task"][task].get(metric) for sp in parts
+             if task in pt["sets"].get(sp, {}).get("per_task", {})]
+        v = [x for x in v if _finite(x)]
+        if v:
+          vals.append(float(np.mean(v)))  # A and B have the same instances per task
+      return _f(float(np.mean(vals)) if vals else None)
+    lines += [f"{metric} on {split} per task (mean over seeds):", "",
+              "| label | " + " | ".join(tasks) + " |", "|" + "---|" * (len(tasks) + 1)]
+    starts = [p[0] for p in points.get(reference, {}).values() if 0 in p]
+    lines.append("| start (RL step 0) | " + " | ".join(cell(starts, t) for t in tasks) + " |")
+    for label, by_seed in points.items():
+      lines.append(f"| `{label}` | " + " | ".join(cell([p[max(p)] for p in by_seed.values()], t)
+                                                  for t in tasks) + " |")
+    lines.append("")
+  return lines
+
+
+def contrast_table(rows: list[dict]) -> list[str]:
+  head = ["contrast", "set of y", "y at matched x", "target", "n", "mean diff", "95% CI",
+          "Bonferroni CI", "p", "p (Holm)"]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  lines += ["| " + " | ".join([f"`{r['contrast']}`", r["set"], f"{r['y']} @ {r['x']}", _f(r["target"]), str(r["n"]),
+                               _f(r["mean"]), f"[{_f(r['low'])}, {_f(r['high'])}]",
+                               f"[{_f(r['low_bonferroni'])}, {_f(r['high_bonferroni'])}]", _f(r["p"], 4),
+                               _f(r["p_holm"], 4)]) + " |" for r in rows]
+  return lines + [""]
 
 
 def markdown(result: dict, manifest: dict) -> str:
@@ -390,17 +484,20 @@ def markdown(result: dict, manifest: dict) -> str:
   if result.get("no_target"):
     lines += [f"No target (the reference's mean pass@1 gain is below {MIN_GAIN}): "
               + "; ".join(result["no_target"]), ""]
-  head = ["contrast", "set of y", "y at matched x", "target", "n", "mean diff", "95% CI",
-          "Bonferroni CI", "p", "p (Holm)"]
   for kind in ("primary", "exploratory"):
     lines += [f"## {'Pre-registered' if kind == 'primary' else 'Exploratory'} contrasts "
-              f"(seed-paired; each method's best strength at the target)", ""]
-    rows = [[f"`{r['contrast']}`", r["set"], f"{r['y']} @ {r['x']}", _f(r["target"]), str(r["n"]),
-             _f(r["mean"]), f"[{_f(r['low'])}, {_f(r['high'])}]",
-             f"[{_f(r['low_bonferroni'])}, {_f(r['high_bonferroni'])}]", _f(r["p"], 4), _f(r["p_holm"], 4)]
-            for r in result[kind]]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows] + [""]
+              f"(seed-paired; each method's best strength at the target; overall = mean over instances)", ""]
+    lines += contrast_table(result[kind])
+  cat = result.get("by_category")
+  if cat:
+    lines += ["## The pre-registered contrasts with overall = the mean of category means (exploratory)", "",
+              "Targets: " + ", ".join(f"{k} = {_f(v)}" for k, v in cat["targets"].items()), ""]
+    lines += contrast_table(cat["primary"])
+  if result.get("tables"):
+    lines += ["## The start and the end of each label (overall = mean over instances)", "",
+              "The start (RL step 0; a seed's labels share it), per seed:", ""] + result["tables"] + [""]
+  if result.get("per_task"):
+    lines += ["## Per task (exploratory)", ""] + result["per_task"]
   lines += ["## Matched values per method (mean [95% t-interval] over seeds that reach the target, n)", ""]
   fams = sorted({f for v in result["matched"].values() for f in v})
   keys = list(result["matched"])
@@ -415,9 +512,11 @@ def markdown(result: dict, manifest: dict) -> str:
       else:
         cells.append(f"{_f(next(iter(v.values()), None))} n={len(v)}")
     lines.append(f"| `{f}` | " + " | ".join(cells) + " |")
-  lines += ["", "Per-seed values: `matched.csv` (one row per comparison, method and seed), `per_seed.csv` (one row per seed and label), `points.csv` (one row per "
-            "run, evaluation point and set; `*_by_category` columns: the mean of category means, the "
-            "others: the mean over instances).", "", "![Pareto plots](pareto.png)", ""]
+  lines += ["", "Per-seed values: `matched.csv` (one row per comparison, method and seed), `per_seed.csv` "
+            "(one row per seed and label), `points.csv` (one row per run, evaluation point and set; "
+            "`*_by_category` columns: the mean of category means, the others: the mean over instances), "
+            "`per_task.csv` (one row per run, evaluation point, set and task).", "",
+            "![Pareto plots](pareto.png)", ""]
   return "\n".join(lines)
 
 
@@ -442,6 +541,12 @@ def write(out: str, runs: dict, manifest: dict, plots: bool = True) -> dict:
   result = analyse(points, families, pairs, manifest.get("baseline", "grpo"))
   result["incomplete"] = [f"{l}/seed{s} ({r['status']})" for l, by_seed in runs.items()
                           for s, r in by_seed.items() if r["status"] != "finished"]
+  reference = manifest.get("baseline", "grpo")
+  by_cat = analyse(points, families, pairs, reference, overall="overall")
+  result["by_category"] = {k: by_cat[k] for k in ("targets", "primary", "start_at_target")}
+  result["tables"] = summary_tables(points, reference, "overall_instance")
+  result["per_task"] = per_task_tables(points, reference)
+  write_csv(per_task_rows(points), os.path.join(out, "per_task.csv"))
   write_csv([{"comparison": k, "method": f, "seed": seed, "value": x}
              for k, v in result["matched"].items() for f, d in v.items() for seed, x in d.items()],
             os.path.join(out, "matched.csv"))
@@ -450,7 +555,7 @@ def write(out: str, runs: dict, manifest: dict, plots: bool = True) -> dict:
                 targets(points, manifest.get("baseline", "grpo")))
   with open(os.path.join(out, "frontier.md"), "w") as f:
     f.write(markdown(result, manifest))
-  safe = {k: v for k, v in result.items() if k != "matched"}
+  safe = {k: v for k, v in result.items() if k not in ("matched", "tables", "per_task")}
   safe["matched"] = {k: {f: {str(s): x for s, x in d.items()} for f, d in v.items()}
                      for k, v in result["matched"].items()}
   report.write_json(files.json_safe(safe), os.path.join(out, "frontier.json"))

@@ -181,7 +181,8 @@ def synthetic_points(slope: float, reach: float, kl_per_gain: float = 1.0, start
   for i, x in enumerate(np.linspace(start, reach, 4)):
     o = {"pass_optimal@1": float(x), "coverage": float(0.9 - slope * (x - start)),
          "kl_k1": float(kl_per_gain * (x - start)), "pass_optimal@64": 0.9}
-    out[[0, 33, 67, 100][i]] = {"sets": {n: {"overall_instance": o, "overall": o} for n in "AB"}}
+    out[[0, 33, 67, 100][i]] = {"sets": {n: {"overall_instance": o, "overall": o, "per_task": {"t1": o, "t2": o}}
+                                         for n in "AB"}}
   return out
 
 
@@ -302,6 +303,10 @@ def test_report_csv_holds_one_row_per_seed_and_label(tmp_path):
   assert float(r["A_coverage"]) == pytest.approx(0.9 - 2.0 * 0.3)  # the last point's
   with open(os.path.join(out, "points.csv")) as f:
     assert len(list(csv.DictReader(f))) == 3 * 3 * 4 * 2  # labels x seeds x points x sets
+  with open(os.path.join(out, "per_task.csv")) as f:  # finished runs x points x sets x tasks
+    assert len(list(csv.DictReader(f))) == 3 * 3 * 4 * 2 * 2
+  md = open(os.path.join(out, "frontier.md")).read()
+  assert "The start (RL step 0" in md and "mean of category means (exploratory)" in md and "| t1 | t2 |" in md
   with open(os.path.join(out, "matched.csv")) as f:
     m = [r for r in csv.DictReader(f) if r["comparison"] == "A/coverage@AB/pass_optimal@1"]
   assert sorted((r["method"], r["seed"]) for r in m) == sorted(
