@@ -45,6 +45,7 @@ CURVES = (("distinct_optimal", "distinct optima / group"), ("distinct", "distinc
 # Gradient norms of the RL terms: mean over RL steps per run, then over seeds.
 GRADIENTS = (("pg_grad_norm", "policy-gradient term"), ("reg_grad_norm", "DM / divergence / KL term"),
              ("grad_ratio", "regulariser / policy gradient"))
+RATIO_OF_MEANS = ("ratio_of_means", "mean regulariser norm / mean policy-gradient norm, per seed")
 PASS_KEY = re.compile(r"^pass(_optimal)?@(\d+)$")
 
 
@@ -150,11 +151,16 @@ def summarize(runs: dict, baseline: str) -> dict:
   for label, by_seed in finished.items():
     final[label] = {m: interval({s: r["after"].get(m) for s, r in by_seed.items()}) if m in logged[label]
                     else NOT_LOGGED for m, _ in FINAL}
-    grads[label] = {}
+    grads[label], means = {}, {}
     for m, _ in GRADIENTS:
       per = {s: float(np.mean(v)) for s, r in by_seed.items()
              if (v := [x[m] for x in r["rl"] if _finite(x.get(m))])}
-      grads[label][m] = interval(per) if per else NOT_LOGGED
+      grads[label][m], means[m] = (interval(per) if per else NOT_LOGGED), per
+    # The ratio of the mean norms (the mean of per-step ratios above weighs steps where the
+    # policy gradient is small, e.g. all-equal groups, far more).
+    pg, reg = means["pg_grad_norm"], means["reg_grad_norm"]
+    ratio = {s: reg[s] / pg[s] for s in pg if s in reg and pg[s] > 0}
+    grads[label][RATIO_OF_MEANS[0]] = interval(ratio) if ratio else NOT_LOGGED
   base = finished.get(baseline, {})
   for label, by_seed in finished.items():
     if label == baseline or not base:
@@ -316,8 +322,9 @@ def markdown(out: str, manifest: dict, runs: dict, summ: dict, baseline: str) ->
   else:
     lines.append(f"No finished `{baseline}` runs to pair with.")
   lines += ["", "## Gradient norms of the RL terms (mean over RL steps)", ""]
-  rows = [[f"`{l}`"] + [fmt(by_m[m]) for m, _ in GRADIENTS] for l, by_m in summ["gradients"].items()]
-  lines += _table(["preset"] + [f"{m} ({w})" for m, w in GRADIENTS], rows)
+  cols = GRADIENTS + (RATIO_OF_MEANS,)
+  rows = [[f"`{l}`"] + [fmt(by_m[m]) for m, _ in cols] for l, by_m in summ["gradients"].items()]
+  lines += _table(["preset"] + [f"{m} ({w})" for m, w in cols], rows)
   lines += ["", "## Plots", "", "![RL curves per preset](curves.png)", "",
             "`curves.png`: per RL step, mean over seeds with a 95% band (finished and partial runs).",
             "", "![pass@k before and after RL](pass_at_k.png)", "",

@@ -345,3 +345,17 @@ def test_merge_moves_finished_runs_and_refuses_clashes(tmp_path):
   with pytest.raises(sweep.SweepError, match=r"labels \['dmpo'\] have other settings"):
     sweep.merge(str(a), str(tmp_path / "d"))
   assert not (a / "dmpo" / "seed5").exists()
+
+
+def test_gradient_ratio_is_reported_as_a_ratio_of_mean_norms_too(tmp_path):
+  out = str(tmp_path)
+  # per step: pg 1 and 3, regulariser 0.5 both times: mean of ratios 1/3, ratio of means 1/4
+  rows = [{"pg_grad_norm": 1.0, "reg_grad_norm": 0.5, "grad_ratio": 0.5},
+          {"pg_grad_norm": 3.0, "reg_grad_norm": 0.5, "grad_ratio": 0.5 / 3}]
+  for s in range(2):
+    fake_run(out, "dmpo", s, {"SR_mean": 0.5}, {"SR_mean": 0.4}, rows)
+  rep = sweep_report.write_report(out, plots=False)
+  g = rep["gradients"]["dmpo"]
+  assert g["grad_ratio"]["mean"] == pytest.approx(1 / 3)
+  assert g["ratio_of_means"]["mean"] == pytest.approx(0.25)
+  assert "ratio_of_means" in open(os.path.join(out, "report.md")).read()
