@@ -18,7 +18,7 @@ Three regimes (docs/COLLAPSE.md):
 - `regime=stream`: SFT and RL draw fresh instances (redrawing any that falls in C, and for
   SFT in B); the tiny policy generalises weakly (about a fifth of samples optimal).
 - `pool=N`: SFT, RL and evaluation all use the same N instances per task (RLVR on a fixed
-  prompt set; the regime of docs/RESULTS.md section 0). Evaluation is on the instances
+  prompt set; the regime of docs/RESULTS.md section 2.1). Evaluation is on the instances
   trained on, by design.
 
 What the trainer reads beyond configs/nphard.py: `sft.targets` (SFT on optimal

@@ -1,0 +1,35 @@
+"""Exploratory: the pre-registered contrasts of a strength-axis sweep at other pass@1 targets
+on A+B than the registered rule's (docs/RESULTS.md section 1), Holm over the 12 of each target.
+
+    python scripts/frontier_targets.py runs/frontier 0.42,0.44
+"""
+
+import json
+import math
+import os
+import sys
+
+from dmpo_jax.experiments import frontier
+
+
+def main(out: str, targets: str) -> None:
+  man = json.load(open(os.path.join(out, "sweep.json")))
+  pts = {l: {s: frontier.read_points(os.path.join(out, l, f"seed{s}")) for s in man["seeds"]}
+         for l in man["labels"]}
+  fams = {f: [l for l in ls if l in pts] for f, ls in man["families"].items()}
+  pairs = [tuple(p) for p in man["contrasts"]]
+  for target in map(float, targets.split(",")):
+    rows = []
+    for ys, y in (("A", "coverage"), ("B", "pass_optimal@64")):
+      vals = frontier.matched(pts, fams, "AB", "pass_optimal@1", y, target, y_split=ys)
+      means = {f: [v for v in d.values() if math.isfinite(v)] for f, d in vals.items()}
+      print(f"target {target} {ys}/{y} matched mean (n seeds):",
+            {f: (round(sum(v) / len(v), 3) if v else None, len(v)) for f, v in means.items()})
+      rows += [(ys, y, r) for r in frontier.contrasts(vals, pairs, m=len(pairs) * 2)]
+    for (ys, y, r), p in zip(rows, frontier.holm([r["p"] for _, _, r in rows], m=len(rows))):
+      print(f"  {target} {r['contrast']:24s} {ys} {y:16s} n={r['n']} mean={r['mean']:.3f} "
+            f"[{r['low']:.3f},{r['high']:.3f}] p={r['p']:.4f} holm={p:.4f}")
+
+
+if __name__ == "__main__":
+  main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "0.42,0.44")
