@@ -90,6 +90,11 @@ for lr in GRPO_LRS:
   SETTINGS[f"grpo-lr{_fmt(lr)}"] = {"rl.algo": "grpo", "rl.lr": lr}
 # GRPO on D_exp alone (DPH's data split without its divergence): the control for that split.
 SETTINGS["dph_f-eta0"] = {"rl.algo": "dph_f", "rl.objective.div_coef": 0.0}
+# Exploratory, added after tier 1 (docs/RESULTS.md section 1): at eta <= 2.5 the DPH-F term
+# stayed at 0.016-0.25 of the policy gradient's norm; these reach over-regularised.
+DPH_ETAS_STRONG = (12.5, 62.5)
+for eta in DPH_ETAS_STRONG:
+  SETTINGS[f"dph_f-eta{_fmt(eta)}"] = {"rl.algo": "dph_f", "rl.objective.div_coef": eta}
 # G = 16 matched on samples (4 prompts x 16 = 8 x 8 = 64 samples a step); "grpo-g16" is
 # matched on prompts (8 x 16 = 128 samples).
 SETTINGS["grpo-g16-samples"] = {"rl.algo": "grpo", "rl.group_size": 16, "rl.prompts_per_step": 4}
@@ -118,6 +123,7 @@ FAMILIES: dict[str, list[str]] = {
     "rkl": [f"rkl-{_fmt(x)}" for x in RKL_BETAS],
     "dph_f": [f"dph_f-eta{_fmt(x)}" for x in DPH_ETAS],
     "dph_f-eta0": ["dph_f-eta0"],
+    "dph_f-strong": [f"dph_f-eta{_fmt(x)}" for x in DPH_ETAS_STRONG],
     "dph_js": [f"dph_js-eta{_fmt(x)}" for x in DPH_ETAS],
     "grpo-g16-samples": ["grpo-g16-samples"],
     **{algo: [f"{algo}-{knob}{_fmt(v)}" for v in values]
