@@ -239,32 +239,33 @@ def per_seed_rows(runs: dict, points: dict, metrics=POINT_METRICS) -> list[dict]
   return rows
 
 
-def point_rows(points: dict, metrics=POINT_METRICS) -> list[dict]:
-  """One row per (label, seed, RL step, set), both overalls (per instance, per category)."""
-  rows = []
+def _point_sets(points: dict):
+  """(label, seed, RL step, set, that set's results) over every evaluation point."""
   for label, by_seed in points.items():
     for seed, pts in by_seed.items():
       for step, p in pts.items():
         for split, res in p["sets"].items():
-          row = {"label": label, "seed": seed, "rl_step": step, "set": split}
-          for m in metrics:
-            row[m] = res["overall_instance"].get(m)
-            row[f"{m}_by_category"] = res["overall"].get(m)
-          rows.append(row)
+          yield label, seed, step, split, res
+
+
+def point_rows(points: dict, metrics=POINT_METRICS) -> list[dict]:
+  """One row per (label, seed, RL step, set), both overalls (per instance, per category)."""
+  rows = []
+  for label, seed, step, split, res in _point_sets(points):
+    row = {"label": label, "seed": seed, "rl_step": step, "set": split}
+    for m in metrics:
+      row[m] = res["overall_instance"].get(m)
+      row[f"{m}_by_category"] = res["overall"].get(m)
+    rows.append(row)
   return rows
 
 
 def per_task_rows(points: dict, metrics=POINT_METRICS) -> list[dict]:
   """One row per (label, seed, RL step, set, task): the task's metrics (mean over its instances)."""
-  rows = []
-  for label, by_seed in points.items():
-    for seed, pts in by_seed.items():
-      for step, p in pts.items():
-        for split, res in p["sets"].items():
-          for task, m in res.get("per_task", {}).items():
-            rows.append({"label": label, "seed": seed, "rl_step": step, "set": split, "task": task,
-                         **{k: m.get(k) for k in metrics}})
-  return rows
+  return [{"label": label, "seed": seed, "rl_step": step, "set": split, "task": task,
+           **{k: m.get(k) for k in metrics}}
+          for label, seed, step, split, res in _point_sets(points)
+          for task, m in res.get("per_task", {}).items()]
 
 
 def write_csv(rows: list[dict], path: str) -> None:
