@@ -8,8 +8,14 @@ SFT, RL and evaluation on `tiny` NP instances, on a CPU.
 
 Arguments after the colon (comma-separated): `algo=<preset>` (dmpo by default; grpo, the
 DPH presets dph_f, dph_kl, ...), `level=<level>`, `seed=<int>`, `tasks=<key+key+...>`,
-`gguf=<path>` (another .gguf file or HF folder instead of the package's), and `smoke` (two
-steps of each stage on a few instances, for the slow test tier).
+`gguf=<path>` (another .gguf file or HF folder instead of the package's), `smoke` (two
+steps of each stage on a few instances, for the slow test tier), and `demo` (the collapse
+demonstration of docs/RESULTS.md: four tasks with several enumerated optima, SFT on optima,
+pass@k to k = 256 at T = 1.0; run it through the sweep runner so that the three presets share
+one SFT stage and one evaluation before RL):
+
+    python -m dmpo_jax.experiments.sweep --config=configs/smollm2_nphard.py:demo \
+        --out=runs/smollm2_demo --presets=grpo,dmpo,dph_f --seeds=0
 
 The run: evaluation of the instruct model as it comes (eval_zero_shot.json), SFT in the
 model's chat format on the tasks' heuristic solutions, evaluation before RL
@@ -49,7 +55,11 @@ def package_file() -> str | None:
   return None
 
 
-KNOWN = {"algo", "level", "seed", "tasks", "gguf", "smoke"}
+KNOWN = {"algo", "level", "seed", "tasks", "gguf", "smoke", "demo"}
+# Demonstration tasks: at `tiny` these have two or more optima on 54-72% of instances (subset-sum
+# 36%), docs/COLLAPSE.md; k = 1, 2, 4, ..., 256.
+DEMO_TASKS = "GCP-D,maximum-set,maximum_clique_problem,subset-sum"
+PASS256_KS = tuple(2 ** i for i in range(9))
 
 
 def _parse(arg: str | None) -> tuple[dict, str]:
@@ -84,6 +94,18 @@ def get_config(arg: str | None = None):
   c.checkpoint.update(every=1000, keep=1)
   c.log.update(tensorboard=False, plots=False)
   c.mesh.update(data=1, fsdp=1, tensor=1)
+  if opts.get("demo"):
+    # The collapse question on a real model (issue: a single-seed demonstration): instances
+    # with 2..64 enumerated optima, SFT on optimal solutions (two per instance) so that the
+    # start spreads its mass over optima, a fixed 20 RL steps of 2 prompts x 8 samples, and 4
+    # held-out instances per task with 256 samples each at T = 1.0 before and after RL.
+    c.tasks = opts.get("tasks", DEMO_TASKS).replace("+", ",")
+    c.collapse.update(min_optima=2, max_optima=64)
+    c.sft.targets = "optimal"
+    c.rl.update(steps=20, prompts_per_step=2, group_size=8)
+    c.eval.update(num_per_task=4, samples=256, k=3, temperature=1.0, pass_ks=PASS256_KS,
+                  batch_prompts=1)
+    c.eval.zero_shot = False
   if opts.get("smoke"):
     c.tasks = opts.get("tasks", "subset-sum,knapsack").replace("+", ",")
     c.sft.update(steps=2, batch_size=4, warmup=1)
