@@ -28,7 +28,8 @@ import nphard  # noqa: E402
 from dmpo_jax import tasks as tasks_lib  # noqa: E402
 from dmpo_jax.training import run as run_lib
 from dmpo_jax.training import checkpoint as ckpt_lib  # noqa: E402
-from dmpo_jax.training import evaluation, pipeline  # noqa: E402
+from dmpo_jax.data import pipeline  # noqa: E402
+from dmpo_jax.training import evaluation  # noqa: E402
 
 KS = collapse_cfg.PASS256_KS
 
