@@ -1,5 +1,6 @@
 """Exploratory: the pre-registered contrasts of a strength-axis sweep at other pass@1 targets
-on A+B than the registered rule's (docs/RESULTS.md section 1), Holm over the 12 of each target.
+on A+B than the registered rule's (docs/RESULTS.md section 1), Holm over the 12 of each target
+(`frontier.analyse` with the targets given).
 
     python scripts/frontier_targets.py runs/frontier 0.42,0.44
 """
@@ -19,16 +20,15 @@ def main(out: str, targets: str) -> None:
   fams = {f: [l for l in ls if l in pts] for f, ls in man["families"].items()}
   pairs = [tuple(p) for p in man["contrasts"]]
   for target in map(float, targets.split(",")):
-    rows = []
-    for ys, y in (("A", "coverage"), ("B", "pass_optimal@64")):
-      vals = frontier.matched(pts, fams, "AB", "pass_optimal@1", y, target, y_split=ys)
+    res = frontier.analyse(pts, fams, pairs, given_targets={("AB", "pass_optimal@1"): target})
+    for _, _, ys, y in frontier.PRIMARY:
+      vals = res["matched"][f"{ys}/{y}@AB/pass_optimal@1"]
       means = {f: [v for v in d.values() if math.isfinite(v)] for f, d in vals.items()}
       print(f"target {target} {ys}/{y} matched mean (n seeds):",
             {f: (round(sum(v) / len(v), 3) if v else None, len(v)) for f, v in means.items()})
-      rows += [(ys, y, r) for r in frontier.contrasts(vals, pairs, m=len(pairs) * 2)]
-    for (ys, y, r), p in zip(rows, frontier.holm([r["p"] for _, _, r in rows], m=len(rows))):
-      print(f"  {target} {r['contrast']:24s} {ys} {y:16s} n={r['n']} mean={r['mean']:.3f} "
-            f"[{r['low']:.3f},{r['high']:.3f}] p={r['p']:.4f} holm={p:.4f}")
+    for r in res["primary"]:
+      print(f"  {target} {r['contrast']:24s} {r['set']} {r['y']:16s} n={r['n']} mean={r['mean']:.3f} "
+            f"[{r['low']:.3f},{r['high']:.3f}] p={r['p']:.4f} holm={r['p_holm']:.4f}")
 
 
 if __name__ == "__main__":

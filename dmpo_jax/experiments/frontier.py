@@ -359,11 +359,13 @@ def targets(points: dict, reference: str = "grpo", frac: float = TARGET_FRACTION
 
 
 def analyse(points: dict, families: dict, pairs, reference: str = "grpo",
-            overall: str = "overall_instance") -> dict:
+            overall: str = "overall_instance", given_targets: dict | None = None) -> dict:
   """Matched values per family and seed, and the contrasts: "primary" (PRIMARY x pairs,
   Holm over all of them) and "exploratory" (EXPLORATORY x pairs, Holm within). A spec
-  without a target (too small a reference gain) is listed under "no_target"."""
-  tg = targets(points, reference, overall=overall)
+  without a target (too small a reference gain) is listed under "no_target".
+  given_targets: {(set, x): target} in place of the pre-registered rule's (`targets`), for an
+  exploratory analysis at other targets; specs whose (set, x) it lacks have no target."""
+  tg = targets(points, reference, overall=overall) if given_targets is None else dict(given_targets)
   out = {"overall": overall, "targets": {f"{s}/{x}": v for (s, x), v in tg.items()}, "matched": {}, "primary": [],
          "exploratory": [], "no_target": [], "start_at_target": {}}
   for (split, x), v in tg.items():  # seeds whose start (shared by their labels) is at the target

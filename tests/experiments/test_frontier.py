@@ -219,6 +219,15 @@ def test_matched_families_and_contrasts_on_synthetic_curves():
   assert res["matched"]["A/coverage@AB/pass_optimal@1"]["grpo-less-rl"][5] == pytest.approx(0.9)
   flat = {"grpo": {s: synthetic_points(2.0, 0.51) for s in range(5)}}  # a gain below MIN_GAIN
   assert ("AB", "pass_optimal@1") not in frontier.targets(flat, "grpo")
+  # targets given by hand (an exploratory analysis): the rule's own give the same result;
+  # another target moves the matched values; a spec left out has no target
+  same = lambda r: json.dumps(r, sort_keys=True)  # NaN-tolerant equality
+  assert same(frontier.analyse(pts, fam, [("keep", "grpo-less-rl")], given_targets=tg)) == \
+      same(frontier.analyse(pts, fam, [("keep", "grpo-less-rl")]))
+  at = frontier.analyse(pts, fam, [("keep", "grpo-less-rl")], given_targets={("AB", "pass_optimal@1"): 0.7})
+  assert at["targets"] == {"AB/pass_optimal@1": 0.7}
+  assert at["matched"]["A/coverage@AB/pass_optimal@1"]["keep"] == pytest.approx(vals["keep"])
+  assert len(at["primary"]) == 2 and "exploratory: A/coverage at AB/kl_k1" in at["no_target"]
 
 
 def test_union_of_sets_weighs_instances():
