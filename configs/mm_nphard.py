@@ -47,7 +47,7 @@ def get_config(arg: str | None = None):
   # the policy to write each instance's transcript from its image (tiny transcripts: 20-100
   # tokens), at its own learning rate; perception.json scores it against blank images.
   # Off by default until a regime is shown to read (docs/MULTIMODAL.md).
-  c.perception = dict(steps=0, lr=2e-3, warmup=20, max_new_tokens=112)
+  c.perception = dict(steps=0, lr=2e-3, warmup=20, max_new_tokens=128)  # tiny: up to 125 tokens
   if smoke:
     c.model.vision = dict(c.model.vision, hidden_size=32, intermediate_size=64)
     c.model.mrope_section = (2, 3, 3)

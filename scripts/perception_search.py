@@ -7,7 +7,7 @@ image against the blank-image control on held-out instances.
     python scripts/perception_search.py --out=runs/perception_search --table_only    # rebuild search.md
 
 Each regime is `configs/mm_nphard.py` with the perception stage only (perception.steps =
-sft.steps = --steps, stopping there) and the overrides below; one workdir per regime under
+sft.steps = --steps, no RL) and the overrides below; one workdir per regime under
 --out (a finished one, with perception.json, is skipped; an interrupted one resumes). The
 table (search.md) gives, per regime and per task, the greedy transcription's token accuracy
 and the share read back exactly, from the image and from a blank image, with the wall time.
@@ -28,6 +28,7 @@ CONFIG = "configs/mm_nphard.py"
 # blocks of width 64, 14-pixel patches, 224-pixel renders, tower at the language model's LR.
 REGIMES: dict[str, list[str]] = {
     "base": [],
+    "frozen": ["--config.sft.freeze_vision=True"],   # the tower stays at its random init
     "tower_lr0.1": ["--config.sft.vision_lr_scale=0.1"],
     "lr5e-4": ["--config.perception.lr=5e-4"],
     "wide": ["--config.model.vision.hidden_size=128", "--config.model.vision.intermediate_size=256",
@@ -43,7 +44,7 @@ def run_regime(name: str, args) -> dict:
     return json.load(open(path))
   cmd = [sys.executable, "-m", "dmpo_jax.train", f"--config={CONFIG}" + (f":{args.arg}" if args.arg else ""),
          f"--workdir={workdir}", f"--config.perception.steps={args.steps}",
-         f"--config.sft.steps={args.steps}", f"--config.stop_at_step={args.steps}",
+         f"--config.sft.steps={args.steps}", "--config.rl.steps=0",
          "--config.log.progress=False"] + REGIMES[name] + args.extra
   print(f"[{name}] {' '.join(cmd)}", flush=True)
   t0 = time.time()

@@ -61,16 +61,16 @@ def train(cfg, workdir: str, allow_config_change=()) -> dict:
 def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   """Supervised warm start on heuristic solutions; returns (state, stopped)."""
   cfg = run.cfg
+  lead = perception.steps(cfg)  # the first `lead` steps transcribe images (perception.py)
+  if lead and state.step == lead:  # a resume at the perception stage's end: its evaluation
+    run.timed("eval", perception.evaluate, run, state)  # (read back when it was written)
   if state.step >= cfg.sft.steps:
     return state, False
   sft_step = steps.make_sft_step(run.graphdef, run.sft_opt, run.prompt_len, **run.vision_opts("sft"),
                                  shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep))
-  lead = perception.steps(cfg)  # the first `lead` steps transcribe images (perception.py)
   rows = lambda s: cfg.sft.batch_size // (1 if s < lead else cfg.sft.solutions_per_instance)
   with multimodal.Prefetch(run.encoder) as prefetch:  # image prompts: the next step's renders
     while state.step < cfg.sft.steps:
-      if lead and state.step == lead:  # the stage's end (also when a resume starts there)
-        run.timed("eval", perception.evaluate, run, state)
       t0 = time.time()
       prefetch.wait()
       stage = "perception" if state.step < lead else "sft"
@@ -83,10 +83,10 @@ def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
               cfg.sft.steps, {"stage": stage, "loss": f"{float(m['loss']):.3f}"})
       if state.step % cfg.checkpoint.every == 0 or state.step in (lead, cfg.sft.steps):
         run.save(state, "sft")
+      if lead and state.step == lead:  # the stage's end, before a stop there can end the run
+        run.timed("eval", perception.evaluate, run, state)
       if run.maybe_stop(state, "sft", stop):
         return state, True
-  if lead and state.step == lead:  # perception only (config.perception.steps = sft.steps)
-    run.timed("eval", perception.evaluate, run, state)
   return state, False
 
 

@@ -65,3 +65,7 @@ def test_resume_inside_the_stage_is_exact(tmp_path):
   assert pa == pb and pa["steps"] == 2 and set(pa["per_task"]) == {"subset-sum", "GCP-D"}
   for mod in ("image", "blank"):
     assert 0.0 <= pa["overall"][mod]["token_accuracy"] <= 1.0 and pa["overall"][mod]["n"] == 4
+  # a stop at the stage's last step still writes its evaluation (the stop comes after it)
+  c = tmp_path / "c"
+  assert stages.train(cfg_of(**DRILL, stop_at_step=2), str(c)) == {"stopped": True, "step": 2}
+  assert json.load(open(c / "perception.json")) == pa
