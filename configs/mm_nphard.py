@@ -44,7 +44,7 @@ def get_config(arg: str | None = None):
   c.sft.steps, c.rl.steps = 300, 40
   c.eval.num_per_task = 8
   # The perception stage (dmpo_jax/training/perception.py): the first `steps` SFT steps train
-  # the policy to write each instance's transcript from its image (tiny transcripts: 20-100
+  # the policy to write each instance's transcript from its image (tiny transcripts: 18-125
   # tokens), at its own learning rate; perception.json scores it against blank images.
   # Off by default until a regime is shown to read (docs/MULTIMODAL.md).
   c.perception = dict(steps=0, lr=2e-3, warmup=20, max_new_tokens=128)  # tiny: up to 125 tokens
