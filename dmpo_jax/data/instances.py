@@ -29,7 +29,8 @@ def taskset_from_config(cfg, keys) -> pipeline.TaskSet:
                           pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level),
                           collapse=pipeline.Collapse.from_config(cfg), pool=int(c.get("pool", 0)),
                           splits=c.get("splits", ()), split_file=c.get("split_file", ""),
-                          sft_from=c.get("sft_from", "A"), rl_from=c.get("rl_from", "AB"))
+                          sft_from=c.get("sft_from", "A"), rl_from=c.get("rl_from", "AB"),
+                          held_out_per_task=int(cfg.eval.num_per_task))
 
 
 def rows(cfg, taskset: pipeline.TaskSet) -> dict:

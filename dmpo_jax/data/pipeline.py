@@ -105,6 +105,10 @@ class TaskSet:
   split_file: str = ""
   sft_from: str = "A"
   rl_from: str = "AB"
+  # Without splits or a pool: the evaluation's instances per task (config.eval.num_per_task).
+  # The random training streams redraw those instances, so that evaluation is disjoint from
+  # training by content (at `tiny`, different seeds often give the same instance).
+  held_out_per_task: int = 0
 
   def __post_init__(self):
     for k in self.keys:
@@ -118,6 +122,7 @@ class TaskSet:
                        "(levels that change) cannot be combined")
     self._pool_items = None
     self._splits = None
+    self._held_out_ids = None
     self.splits = splits_lib.parse_sizes(self.splits)
     if self.split_file and not self.splits:
       self.splits = splits_lib.DEFAULT_SIZES  # sizes come from the file
@@ -174,9 +179,13 @@ class TaskSet:
     return self._splits
 
   def stream_exclude(self, stage: str) -> frozenset:
-    """Instance ids a random stream redraws: C, and for SFT also B (none without splits)."""
+    """Instance ids a random stream redraws: C, and for SFT also B; without splits, the
+    evaluation's instances (held_out(held_out_per_task))."""
     if not self.splits:
-      return frozenset()
+      if self._held_out_ids is None:
+        self._held_out_ids = frozenset(splits_lib.instance_id(k, q)
+                                       for k, q in self.held_out(self.held_out_per_task))
+      return self._held_out_ids
     return frozenset(self.split_sets().ids(*(("B", "C") if stage == "sft" else ("C",))))
 
   def pool_items(self) -> list[tuple[str, dict]]:
@@ -202,9 +211,9 @@ class TaskSet:
     return t * self.pool + _seed(self.seed, stage, step, i) % self.pool
 
   def held_out(self, num_per_task: int, level: str | None = None) -> list[tuple[str, dict]]:
-    """num_per_task instances per task from seeds EVAL_SEED0, +1, ...; with the collapse
-    filter, the first num_per_task distinct ones of those seeds that it accepts. With splits
-    (at the config's level): the set C, whatever num_per_task."""
+    """num_per_task instances per task: the first distinct ones of seeds EVAL_SEED0, +1, ...
+    (that the collapse filter accepts, with one). With splits (at the config's level): the
+    set C, whatever num_per_task."""
     level = level or self.level
     if self.splits and level == self.level:
       return list(self.split_sets().C)
@@ -213,11 +222,10 @@ class TaskSet:
       start, seen = EVAL_SEED0, set()
       for j in range(num_per_task):
         seeds = range(start, start + MAX_REDRAWS)
-        # The testbed (a collapse block) skips repeats: at `tiny`, seeds repeat instances.
+        # Repeats are skipped: at `tiny`, seeds repeat instances.
         seed, q = self._draw(k, seeds, level, f"held-out instance {j}", frozenset(seen))
         start = seed + 1
-        if self.collapse is not None:
-          seen.add(splits_lib.instance_id(k, q))
+        seen.add(splits_lib.instance_id(k, q))
         out.append((k, q))
     return out
 
@@ -232,6 +240,10 @@ class TaskSet:
       if self.collapse is None or self.collapse.accepts(key, q):
         return seed, q
     c = self.collapse
+    if c is None:
+      raise ValueError(f"no {key} instance at level {level} outside the {len(exclude)} excluded ones "
+                       f"(evaluation or split instances) in {MAX_REDRAWS} draws ({what}); lower "
+                       "config.eval.num_per_task or use a larger level")
     raise ValueError(f"config.collapse: no {key} instance at level {level} with {c.min_optima}.."
                      f"{c.max_optima} optima in {MAX_REDRAWS} draws ({what}); widen min_optima/max_optima")
 
