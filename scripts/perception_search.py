@@ -25,15 +25,25 @@ import time
 CONFIG = "configs/mm_nphard.py"
 
 # name -> --config overrides (beyond the perception-only stage). The default tower: two
-# blocks of width 64, 14-pixel patches, 224-pixel renders, tower at the language model's LR.
+# blocks of width 64, 14-pixel patches, 224-pixel renders, tower at the language model's LR,
+# pixels normalised with white at 0 (config.image.mean/std). The regimes of the first search
+# (docs/MULTIMODAL.md) ran with the CLIP statistics: `clip` and `clip_*` restore them.
+CLIP = ["--config.image.mean=(0.48145466,0.4578275,0.40821073)",
+        "--config.image.std=(0.26862954,0.26130258,0.27577711)"]
 REGIMES: dict[str, list[str]] = {
     "base": [],
+    "clip": CLIP,
+    "clip_frozen": CLIP + ["--config.sft.freeze_vision=True"],
     "frozen": ["--config.sft.freeze_vision=True"],   # the tower stays at its random init
     "tower_lr0.1": ["--config.sft.vision_lr_scale=0.1"],
     "lr5e-4": ["--config.perception.lr=5e-4"],
     "wide": ["--config.model.vision.hidden_size=128", "--config.model.vision.intermediate_size=256",
              "--config.model.vision.num_heads=4"],
     "deep": ["--config.model.vision.depth=4", "--config.model.vision.fullatt_block_indexes=(1,3)"],
+    # Bigger type: drawn at 128 px (fonts keep their 8-px floor) and scaled up to the same
+    # 224-px grid by the processor, so a digit is about 12 px tall: about one patch, not half.
+    "big_type": ["--config.image.size=128"],
+    "big_type_frozen": ["--config.image.size=128", "--config.sft.freeze_vision=True"],
 }
 
 

@@ -90,5 +90,6 @@ def vlm_config(cfg):
   vlcfg = VLConfig(text, vision, image_token_id=tok.convert_tokens_to_ids(IMAGE_TOKEN),
                    vision_start_token_id=tok.convert_tokens_to_ids(VISION_MARKERS[0]),
                    vision_end_token_id=tok.convert_tokens_to_ids(VISION_MARKERS[1]))
-  ip = build_image_processor(vision, min_pixels=im.min_pixels, max_pixels=im.max_pixels)
+  ip = build_image_processor(vision, min_pixels=im.min_pixels, max_pixels=im.max_pixels,
+                             mean=im.get("mean"), std=im.get("std"))
   return vlcfg, VLProcessor(tok, ip, patch_budget=im.patch_budget or None)

@@ -39,12 +39,24 @@ def image_processor_class():
     return Qwen2VLImageProcessorPil
 
 
-def build_image_processor(vision_cfg, *, min_pixels: int, max_pixels: int):
+def build_image_processor(vision_cfg, *, min_pixels: int, max_pixels: int,
+                          mean: Sequence[float] | None = None, std: Sequence[float] | None = None):
   """An image processor for a from-scratch model of `vision_cfg` (a VisionConfig): images
-  resized to between min_pixels and max_pixels pixels."""
+  resized to between min_pixels and max_pixels pixels, then each channel (in [0, 1]) mapped
+  to (x - mean) / std (None: the processor's CLIP statistics, those of the released
+  checkpoints). A drawing on white wants mean 1: the background is then 0 (docs/MULTIMODAL.md)."""
+  stats = {}
+  for name, value in (("image_mean", mean), ("image_std", std)):
+    if value is not None:
+      value = [float(v) for v in value]
+      if len(value) != 3 or (name == "image_std" and min(value) <= 0):
+        raise ValueError(f"{name} must be three floats{' > 0' if name == 'image_std' else ''}, "
+                         f"got {value}")
+      stats[name] = value
   return image_processor_class()(
       patch_size=vision_cfg.patch_size, temporal_patch_size=vision_cfg.temporal_patch_size,
-      merge_size=vision_cfg.spatial_merge_size, min_pixels=min_pixels, max_pixels=max_pixels)
+      merge_size=vision_cfg.spatial_merge_size, min_pixels=min_pixels, max_pixels=max_pixels,
+      **stats)
 
 
 class VLProcessor:

@@ -156,6 +156,12 @@ SCHEMA: dict[str, Spec] = {
     "image.size": Int(128, optional=True), "image.min_pixels": Int(1, optional=True),
     "image.max_pixels": Int(1, optional=True), "image.patch_budget": Int(1, optional=True),
     "image.cache": Int(0, optional=True),
+    "image.mean": Spec((tuple, list), "three floats (per channel, pixels in [0, 1])",
+                       lambda v: len(v) == 3 and all(_is(x, (int, float)) and math.isfinite(x)
+                                                     for x in v), True),
+    "image.std": Spec((tuple, list), "three floats > 0 (per channel)",
+                      lambda v: len(v) == 3 and all(_is(x, (int, float)) and math.isfinite(x) and x > 0
+                                                    for x in v), True),
 }
 
 # Fields a resume may change when --allow_config_change names them: they change how a run is

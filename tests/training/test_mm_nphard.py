@@ -134,6 +134,36 @@ def test_blank_control_keeps_ids_and_grid_and_drops_the_instance(smoke_vlm):
   np.testing.assert_array_equal(blank.images("knapsack", other)["pixel_values"], white["pixel_values"])
 
 
+def test_white_is_zero_and_ink_is_not(smoke_vlm):
+  """config.image.mean/std: the drawing's white background enters the tower as 0 (only ink
+  moves a from-scratch tower); the CLIP statistics give white +1.9 on every input."""
+  cfg, _, processor = smoke_vlm
+  assert tuple(cfg.image.mean) == (1.0, 1.0, 1.0)
+  white = mm.make_encoder(cfg, processor).blank_control().images("TSP", {})["pixel_values"]
+  np.testing.assert_allclose(white, 0.0, atol=1e-6)
+  q = tasks.get("TSP").generate(3, "tiny")
+  drawn = mm.make_encoder(cfg, processor).images("TSP", q)["pixel_values"]
+  assert drawn.min() < -1.5  # black ink: (0 - 1) / 0.5 = -2
+  clip = mm_nphard.get_config("smoke")
+  del clip.image["mean"], clip.image["std"]  # the processor's own (CLIP) statistics
+  _, clip_proc = model_build.vlm_config(clip)
+  clip_white = mm.make_encoder(clip, clip_proc).blank_control().images("TSP", {})["pixel_values"]
+  assert clip_white.min() > 1.7
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("std", (0.5, 0.0, 0.5), "config.image.std=(0.5, 0.0, 0.5): must be three floats > 0"),
+    ("mean", (1.0, 1.0), "config.image.mean=(1.0, 1.0): must be three floats"),
+    ("mean", (1.0, float("nan"), 1.0), "config.image.mean"),
+])
+def test_bad_pixel_statistics_are_refused_by_name(field, value, match):
+  from dmpo_jax.training import config as config_lib
+  c = mm_nphard.get_config("smoke")
+  c.image[field] = value
+  with pytest.raises(config_lib.ConfigError, match=re.escape(match)):
+    config_lib.check_fields(c)
+
+
 def test_image_encoder_refuses_text_styles_and_bad_configs(smoke_vlm):
   cfg, _, processor = smoke_vlm
   cache = mm.ImageCache(processor, 128)
