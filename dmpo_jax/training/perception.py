@@ -7,7 +7,8 @@ The stage is the first `config.perception.steps` steps of the SFT stage: the sam
 step, checkpoints and data positions (so a resume inside it is exact), its own learning rate
 (`steps.make_optimizer`'s lead) and completion length. At its end `evaluate` writes
 perception.json: per task, on the held-out instances, the greedy transcription's token
-accuracy and the share read back exactly, from the image and from a blank image.
+accuracy and the share read back exactly, from the image and from a blank image, beside
+`blind_bound`: the best score of a transcription that ignores the image.
 """
 
 from __future__ import annotations
@@ -62,6 +63,47 @@ def score(key: str, q: dict, target: list[int], ids: list[int], text: str) -> tu
   return acc, exact
 
 
+def blind_bound(targets: list[list[int]]) -> float:
+  """The highest mean token accuracy that one transcription, the same for every instance, can
+  score against `targets`: at each position the token with the most weight (an instance
+  weighs 1 / its length, as in `score`). A policy that does not read the image writes the
+  same greedy transcription for every instance of a task (its prompt ids are the same), so
+  it cannot beat this bound; one that reads can."""
+  if not targets:
+    raise ValueError("blind_bound needs at least one target")
+  best = 0.0
+  for j in range(max(len(t) for t in targets)):
+    weight: dict[int, float] = {}
+    for t in targets:
+      if j < len(t):
+        weight[t[j]] = weight.get(t[j], 0.0) + 1.0 / len(t)
+    best += max(weight.values())
+  return best / len(targets)
+
+
+def bounds(encoder, items, length: int) -> dict:
+  """`blind_bound` of the transcripts of [(task key, instance)], per task and overall (the
+  per-task bounds weighted by their instances, as the overall token accuracy is)."""
+  targets: dict[str, list] = {}
+  for key, q in items:
+    targets.setdefault(key, []).append(encoder.transcript_ids(key, q, length))
+  per_task = {key: blind_bound(ts) for key, ts in targets.items()}
+  overall = sum(per_task[key] * len(ts) for key, ts in targets.items()) / len(items)
+  return {"overall": float(overall), "per_task": per_task}
+
+
+def bounds_of_config(cfg) -> dict:
+  """`bounds` on the held-out instances of a run's config (for a perception.json written
+  before the bound was), without building the model."""
+  from dmpo_jax.data import images, instances
+  from dmpo_jax.models import build
+  from dmpo_jax.training import config as config_lib
+  _, processor = build.vlm_config(cfg)
+  taskset = instances.taskset_from_config(cfg, config_lib.task_keys(cfg))
+  items = taskset.held_out(cfg.eval.num_per_task)
+  return bounds(images.make_encoder(cfg, processor), items, int(cfg.perception.max_new_tokens))
+
+
 def greedy_sampler(run):
   """The run's jitted greedy sampler at config.perception.max_new_tokens (made once, used for
   the image and the blank prompts alike: same ids, same shapes)."""
@@ -105,6 +147,10 @@ def evaluate(run, state) -> dict:
   items = run.taskset.held_out(cfg.eval.num_per_task)
   length = int(cfg.perception.max_new_tokens)
   res = {"steps": steps(cfg), "per_task": {}, "overall": {}}
+  bound = bounds(run.encoder, items, length)
+  res["overall"]["blind_bound"] = bound["overall"]
+  for key, b in bound["per_task"].items():
+    res["per_task"][key] = {"blind_bound": b}
   sampler = greedy_sampler(run)
   for name, enc in (("image", run.encoder), ("blank", run.encoder.blank_control())):
     got = transcribe(run, sampler, state.params, enc, items, jax.random.fold_in(state.eval_key(), 17))
@@ -123,6 +169,7 @@ def evaluate(run, state) -> dict:
     report.write_json(res, path)
   o = res["overall"]
   print(f"perception after {res['steps']} steps: token accuracy {o['image']['token_accuracy']:.3f} "
-        f"(blank image {o['blank']['token_accuracy']:.3f}), read back exactly "
+        f"(blank image {o['blank']['token_accuracy']:.3f}; the best an instance-independent "
+        f"transcription can score: {o['blind_bound']:.3f}), read back exactly "
         f"{o['image']['exact']:.3f} (blank {o['blank']['exact']:.3f})", flush=True)
   return res
