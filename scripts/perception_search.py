@@ -10,7 +10,8 @@ Each regime is `configs/mm_nphard.py` with the perception stage only (perception
 sft.steps = --steps, no RL) and the overrides below; one workdir per regime under
 --out (a finished one, with perception.json, is skipped; an interrupted one resumes). The
 table (search.md) gives, per regime and per task, the greedy transcription's token accuracy
-and the share read back exactly, from the image and from a blank image, with the wall time.
+and the share read back exactly, from the image and from a blank image, the blind bound (the
+best a transcription that ignores the image can score) and the wall time.
 """
 
 from __future__ import annotations
@@ -68,16 +69,30 @@ def run_regime(name: str, args) -> dict:
   return res
 
 
+def add_bounds(res: dict, workdir: str) -> dict:
+  """perception.json's `blind_bound`s, computed from the run's config when it predates them."""
+  if "blind_bound" not in res["overall"]:
+    from ml_collections import config_dict
+    from dmpo_jax.training import perception
+    with open(os.path.join(workdir, "config.json")) as f:
+      b = perception.bounds_of_config(config_dict.ConfigDict(json.load(f)))
+    res["overall"]["blind_bound"] = b["overall"]
+    for task, v in b["per_task"].items():
+      res["per_task"][task]["blind_bound"] = v
+  return res
+
+
 def table(results: dict) -> str:
-  lines = ["| regime | task | token accuracy, image | blank | image - blank | read exactly, image | blank | wall |",
-           "|---|---|---|---|---|---|---|---|"]
+  lines = ["| regime | task | token accuracy, image | blank | blind bound | image - bound | "
+           "read exactly, image | blank | wall |",
+           "|---|---|---|---|---|---|---|---|---|"]
   for name, res in results.items():
     rows = [("overall", res["overall"])] + sorted(res["per_task"].items())
     for task, r in rows:
-      i, b = r["image"], r["blank"]
+      i, b, bound = r["image"], r["blank"], r["blind_bound"]
       wall = f"{res['wall_s'] / 60:.1f} min" if task == "overall" and "wall_s" in res else ""
       lines.append(f"| {name if task == 'overall' else ''} | {task} | {i['token_accuracy']:.3f} | "
-                   f"{b['token_accuracy']:.3f} | {i['token_accuracy'] - b['token_accuracy']:+.3f} | "
+                   f"{b['token_accuracy']:.3f} | {bound:.3f} | {i['token_accuracy'] - bound:+.3f} | "
                    f"{i['exact']:.2f} | {b['exact']:.2f} | {wall} |")
   return "\n".join(lines) + "\n"
 
@@ -101,10 +116,10 @@ def main(argv=None):
     path = os.path.join(args.out, name, "perception.json")
     if args.table_only:
       if os.path.exists(path):
-        results[name] = json.load(open(path))
+        results[name] = add_bounds(json.load(open(path)), os.path.join(args.out, name))
       continue
     try:
-      results[name] = run_regime(name, args)
+      results[name] = add_bounds(run_regime(name, args), os.path.join(args.out, name))
     except subprocess.CalledProcessError as e:
       print(f"[{name}] failed (exit status {e.returncode}); the search goes on", flush=True)
       continue
