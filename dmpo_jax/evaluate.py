@@ -86,8 +86,8 @@ flags.DEFINE_string("compat", "strict", "verification rules: strict | npbench "
 flags.DEFINE_integer("batch_prompts", 8, "prompts per sampler call")
 flags.DEFINE_string("dtype", "float32", "compute dtype for --hf models")
 flags.DEFINE_integer("seed", 0, "sampling seed")
-flags.DEFINE_list("modalities", None, "vision-language policies: any of image,blank,text "
-                  "(default: all three)")
+flags.DEFINE_list("modalities", None, "vision-language policies: any of image,blank,text,shuffled "
+                  "(shuffled: another instance's image; default: the workdir's, else image,blank,text)")
 flags.DEFINE_integer("image_size", None, "render size in pixels (default: the workdir's, else 448)")
 flags.DEFINE_integer("patch_budget", None, "image patches per prompt (default: the workdir's, "
                      "else the largest image's)")

@@ -85,14 +85,16 @@ class ImagePromptEncoder(pipeline.PromptEncoder):
   """A PromptEncoder for image styles: `encode` gives ids with the image span expanded to
   the image's merged patches, `images` the image dict of the same (task, instance).
 
-  processor: a `VLProcessor` (tokenizer + image processor); blank: the blank-image control."""
+  processor: a `VLProcessor` (tokenizer + image processor); blank: the blank-image control;
+  swap: {instance_key: another instance of the same task} whose image replaces the
+  instance's (the shuffled-image control, `shuffled_control`)."""
 
   def __init__(self, processor, style: str, max_prompt_len: int, chat_template: bool = False, *,
-               cache: ImageCache, blank: bool = False):
+               cache: ImageCache, blank: bool = False, swap: dict | None = None):
     if style not in tasks_lib.IMAGE_STYLES:
       raise ValueError(f"config.prompt_style={style!r} is no image style; choose from "
                        f"{tasks_lib.IMAGE_STYLES}")
-    self.processor, self.cache, self.blank = processor, cache, blank
+    self.processor, self.cache, self.blank, self.swap = processor, cache, blank, swap
     tok = processor.tokenizer
     super().__init__(tok, "compact", max_prompt_len, chat_template)  # checks the base style
     self.style = style
@@ -101,6 +103,12 @@ class ImagePromptEncoder(pipeline.PromptEncoder):
 
   def images(self, key: str, q: dict) -> dict:
     """{"pixel_values": [patches, C] float32, "image_grid_thw": [1, 3]} of the prompt's image."""
+    if self.swap is not None:
+      other = self.swap.get(instance_key(key, q))
+      if other is None:
+        raise ValueError(f"the shuffled-image control has no other instance for this {key} "
+                         "instance (it swaps among the instances it was made for)")
+      q = other
     return self.cache.get(key, q, self.blank)
 
   def prompt_text(self, key: str, q: dict) -> str:
@@ -141,6 +149,26 @@ class ImagePromptEncoder(pipeline.PromptEncoder):
     return ImagePromptEncoder(self.processor, self.style, self.max_len, self.chat, cache=self.cache,
                               blank=True)
 
+  def shuffled_control(self, items) -> "ImagePromptEncoder":
+    """The same encoder where each of [(task key, instance)] is shown the image of the next
+    instance of its task in `items` (cyclically): a drawing like the ones trained on, of
+    another instance. Unlike the blank image it is in distribution, so a policy that scores
+    the same on it does not use the instance it is shown."""
+    by_task: dict[str, list] = {}
+    for key, q in items:
+      by_task.setdefault(key, []).append(q)
+    swap = {}
+    for key, qs in by_task.items():
+      ids = [instance_key(key, q) for q in qs]
+      if len(set(ids)) < 2:
+        raise ValueError(f"the shuffled-image control needs two different {key} instances, "
+                         f"got {len(set(ids))}")
+      for i, q in enumerate(qs):
+        j = next(j for j in range(1, len(qs) + 1) if ids[(i + j) % len(qs)] != ids[i])
+        swap[ids[i]] = qs[(i + j) % len(qs)]
+    return ImagePromptEncoder(self.processor, self.style, self.max_len, self.chat, cache=self.cache,
+                              swap=swap)
+
 
 def make_encoder(cfg, processor) -> ImagePromptEncoder:
   """The run's image-prompt encoder (config.prompt_style, config.image.size)."""
@@ -171,7 +199,8 @@ def image_inputs(vl_cfg, encoder, items, prompt_tokens, prompt_mask, patch_budge
   return qwen2_5_vl.prompt_images(vl_cfg, prompt_tokens, prompt_mask, images, patch_budget)
 
 
-MODALITIES = ("image", "blank", "text")
+MODALITIES = ("image", "blank", "text")  # the default set
+CONTROLS = MODALITIES + ("shuffled",)     # every modality (shuffled: another instance's image)
 TEXT_STYLE = {"image": "compact", "npbench_image": "npbench"}  # the same prompt, instance in text
 
 
@@ -179,12 +208,13 @@ def default_modalities(encoder) -> tuple[str, ...]:
   return MODALITIES if isinstance(encoder, ImagePromptEncoder) else ("text",)
 
 
-def modality_encoder(encoder, modality: str):
+def modality_encoder(encoder, modality: str, items=None):
   """The encoder of one modality of `encoder`'s prompts: "image" (the instance drawn),
-  "blank" (a white image of the same size: the control) or "text" (the instance written
-  out in the matching text style)."""
-  if modality not in MODALITIES:
-    raise ValueError(f"config.eval.modalities: unknown modality {modality!r}; choose from {MODALITIES}")
+  "blank" (a white image of the same size: the control), "shuffled" (the image of another
+  of `items`' instances of the same task: the in-distribution control) or "text" (the
+  instance written out in the matching text style)."""
+  if modality not in CONTROLS:
+    raise ValueError(f"config.eval.modalities: unknown modality {modality!r}; choose from {CONTROLS}")
   image = isinstance(encoder, ImagePromptEncoder)
   if modality == "text":
     if not image:
@@ -193,6 +223,8 @@ def modality_encoder(encoder, modality: str):
   if not image:
     raise ValueError(f"config.eval.modalities: {modality!r} needs image prompts "
                      f"(config.prompt_style in {tasks_lib.IMAGE_STYLES})")
+  if modality == "shuffled":
+    return encoder.shuffled_control(items)
   return encoder.blank_control() if modality == "blank" else encoder
 
 
@@ -208,7 +240,7 @@ def evaluate_modalities(run_eval, encoder, items, modalities, images_fn,
     raise ValueError("config.eval.modalities is empty")
   results = {}
   for m in modalities:
-    enc = modality_encoder(encoder, m)
+    enc = modality_encoder(encoder, m, items)
     plen = prompt_len
     if m == "text" or plen is None:
       plen = -(-max(len(enc.encode(k, q)) for k, q in items) // 16) * 16

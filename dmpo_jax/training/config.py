@@ -130,7 +130,7 @@ SCHEMA: dict[str, Spec] = {
     "rl.reward.compat": Choice(domain.COMPAT),
     "eval.num_per_task": Int(1), "eval.samples": Int(1), "eval.k": Int(1),
     "eval.temperature": Float(0), "eval.pass_ks": Ints(1), "eval.batch_prompts": Int(1),
-    "eval.modalities": Strs(multimodal.MODALITIES, optional=True),
+    "eval.modalities": Strs(multimodal.CONTROLS, optional=True),
     "eval.zero_shot": Bool(),  # also evaluate the initial policy (before SFT)
     # configs/mm_nphard.py: the perception stage of an image policy (training/perception.py)
     "perception.steps": Int(0, optional=True), "perception.lr": Float(0, optional=True),

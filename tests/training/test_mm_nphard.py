@@ -134,6 +134,25 @@ def test_blank_control_keeps_ids_and_grid_and_drops_the_instance(smoke_vlm):
   np.testing.assert_array_equal(blank.images("knapsack", other)["pixel_values"], white["pixel_values"])
 
 
+def test_shuffled_control_shows_another_instance_of_the_same_task(smoke_vlm):
+  """Each instance gets the image of another instance of its task (never its own), with the
+  same prompt ids; a task with one instance is refused by name."""
+  cfg, _, processor = smoke_vlm
+  enc = mm.make_encoder(cfg, processor)
+  items = [(k, tasks.get(k).generate(s, "tiny")) for k in ("TSP", "knapsack") for s in (3, 4, 5)]
+  shuffled = mm.modality_encoder(enc, "shuffled", items)
+  own = {mm.instance_key(k, q): enc.images(k, q)["pixel_values"] for k, q in items}
+  for k, q in items:
+    assert shuffled.encode(k, q) == enc.encode(k, q)
+    got = shuffled.images(k, q)["pixel_values"]
+    assert not np.array_equal(got, own[mm.instance_key(k, q)])
+    assert any(np.array_equal(got, own[mm.instance_key(k2, q2)]) for k2, q2 in items if k2 == k)
+  with pytest.raises(ValueError, match="two different TSP instances"):
+    enc.shuffled_control([items[0], ("knapsack", items[3][1]), ("knapsack", items[4][1])])
+  with pytest.raises(ValueError, match="no other instance for this TSP"):
+    shuffled.images("TSP", tasks.get("TSP").generate(99, "tiny"))
+
+
 def test_white_is_zero_and_ink_is_not(smoke_vlm):
   """config.image.mean/std: the drawing's white background enters the tower as 0 (only ink
   moves a from-scratch tower); the CLIP statistics give white +1.9 on every input."""
