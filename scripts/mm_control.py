@@ -14,7 +14,9 @@ Written (markdown):
    seed-paired image - blank and image - text, overall and per task;
 3. the perception stage's transcription accuracy per task (the seeds' perception.json);
 4. exploratory: `--preset` - `--baseline` (dmpo - grpo) after RL on image prompts and on
-   text prompts, seed-paired, with Holm's correction over the two.
+   text prompts, seed-paired, with Holm's correction over the two;
+5. exploratory: the shuffled-image control (each instance shown another instance's image),
+   from `--evaluate_shuffled`'s evaluations of each run.
 """
 
 from __future__ import annotations
@@ -161,6 +163,53 @@ def comparison(image_runs: dict, text_runs: dict | None, preset: str, baseline: 
   return "\n".join(lines)
 
 
+SHUFFLED_DIR = "eval_shuffled"
+
+
+def evaluate_shuffled(sweep: str, labels) -> None:
+  """`python -m dmpo_jax.evaluate --modalities=image,shuffled,blank` of each finished run of
+  `labels` (after RL) and of each seed's shared SFT folder (after SFT), into
+  <workdir>/eval_shuffled/ (skipped where it exists): the same held-out instances and
+  sampling settings as the run's own evaluation, one sampling seed for the three."""
+  import subprocess
+  import sys
+  folders = sorted(glob.glob(os.path.join(sweep, "_sft", "seed*")))
+  for label in labels:
+    folders += sorted(os.path.dirname(p) for p in glob.glob(os.path.join(sweep, label, "seed*", "results.json")))
+  for wd in folders:
+    if os.path.exists(os.path.join(wd, SHUFFLED_DIR, "eval.json")):
+      continue
+    with open(os.path.join(wd, "config.json")) as f:
+      ev = json.load(f)["eval"]
+    cmd = [sys.executable, "-m", "dmpo_jax.evaluate", f"--workdir={wd}", f"--out={os.path.join(wd, SHUFFLED_DIR)}",
+           "--modalities=image,shuffled,blank", f"--num={ev['num_per_task']}", f"--samples={ev['samples']}",
+           f"--k={ev['k']}", f"--temperature={ev['temperature']}"]
+    print(" ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+def shuffled_table(sweep: str, preset: str) -> str:
+  """image, shuffled and blank from the eval_shuffled/ folders: after SFT (_sft) and after RL."""
+  stages = (("after SFT", os.path.join(sweep, "_sft")), ("after RL", os.path.join(sweep, preset)))
+  lines = ["| stage | metric | image | shuffled | blank | image - shuffled (paired) | shuffled - blank (paired) |",
+           "|---|---|---|---|---|---|---|"]
+  for name, root in stages:
+    runs = {}
+    for path in glob.glob(os.path.join(root, "seed*", SHUFFLED_DIR, "eval.json")):
+      seed = int(re.search(r"seed(\d+)", path).group(1))
+      with open(path) as f:
+        runs[seed] = json.load(f)["modalities"]
+    if len(runs) < 2:
+      lines.append(f"| {name} | (fewer than 2 seeds evaluated) | | | | | |")
+      continue
+    for metric in METRICS:
+      v = {m: {s: r[m]["overall"][metric] for s, r in runs.items()} for m in ("image", "shuffled", "blank")}
+      lines.append(f"| {name} | {metric} | " + " | ".join(fmt_iv(stats.mean_ci(v[m])) for m in v)
+                   + f" | {fmt_test(frontier.paired_test(v['image'], v['shuffled']))}"
+                   f" | {fmt_test(frontier.paired_test(v['shuffled'], v['blank']))} |")
+  return "\n".join(lines)
+
+
 def report(sweep: str, text: str | None, preset: str, baseline: str) -> str:
   runs = load(sweep)
   if preset not in runs:
@@ -172,6 +221,11 @@ def report(sweep: str, text: str | None, preset: str, baseline: str) -> str:
            f"Per task after RL ({preset}; means over seeds, paired differences with 95% t-intervals):", "",
            per_task_table(runs[preset]), "", "The perception stage (held-out instances, greedy transcription):",
            "", perception_table(sweep), "",
+           f"Exploratory (added after the pre-registration): the shuffled-image control ({preset}; "
+           "`python -m dmpo_jax.evaluate --modalities=image,shuffled,blank` of each run, one sampling "
+           "seed for the three, so its image column differs from the run's own by sampling): each "
+           "instance shown the image of another held-out instance of its task.", "",
+           shuffled_table(sweep, preset), "",
            f"Exploratory, CPU scale, not comparable with the paper's figures: {preset} against {baseline} "
            "after RL (seed-paired):", "", comparison(runs, text_runs, preset, baseline)]
   return "\n".join(parts) + "\n"
@@ -184,7 +238,11 @@ def main(argv=None):
   ap.add_argument("--preset", default="dmpo")
   ap.add_argument("--baseline", default="grpo")
   ap.add_argument("--out", default=None, help="also write the markdown here")
+  ap.add_argument("--evaluate_shuffled", action="store_true",
+                  help="first evaluate each run with the shuffled-image control (about 20 s a run)")
   args = ap.parse_args(argv)
+  if args.evaluate_shuffled:
+    evaluate_shuffled(args.sweep, (args.preset, args.baseline))
   md = report(args.sweep, args.text, args.preset, args.baseline)
   print(md)
   if args.out:

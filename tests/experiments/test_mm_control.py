@@ -70,3 +70,16 @@ def test_no_gain_is_reported_as_not_shown(sweeps, tmp_path):
   assert "not shown" in md
   with pytest.raises(SystemExit, match="no finished 'grpo' runs"):
     mm_control.report(str(img), None, "grpo", "dmpo")
+
+
+def test_shuffled_table_pairs_image_with_another_instances_image(sweeps):
+  img, _ = sweeps
+  assert "fewer than 2 seeds evaluated" in mm_control.shuffled_table(img, "dmpo")
+  for seed in range(5):
+    mods = {"image": scores(0.6), "shuffled": scores(0.5 - 0.01 * seed), "blank": scores(0.2)}
+    for root in ("_sft", "dmpo"):
+      write(os.path.join(img, root, f"seed{seed}", "eval_shuffled", "eval.json"), {"modalities": mods})
+  table = mm_control.shuffled_table(img, "dmpo")
+  # QR@3 = level / 2: image - shuffled = (0.1 + 0.01 s) / 2 -> 0.06; shuffled - blank -> 0.14
+  assert "| after RL | QR@3 | 0.300 [0.300, 0.300] |" in table
+  assert "+0.060 [" in table and "+0.140 [" in table
