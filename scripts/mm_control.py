@@ -173,7 +173,12 @@ def evaluate_shuffled(sweep: str, labels) -> None:
   sampling settings as the run's own evaluation, one sampling seed for the three."""
   import subprocess
   import sys
-  folders = sorted(glob.glob(os.path.join(sweep, "_sft", "seed*")))
+  folders = []
+  for wd in sorted(glob.glob(os.path.join(sweep, "_sft", "seed*"))):
+    with open(os.path.join(wd, "config.json")) as f:
+      sft_steps = json.load(f)["sft"]["steps"]
+    if os.path.isdir(os.path.join(wd, "checkpoints", str(sft_steps))):  # its SFT has ended
+      folders.append(wd)
   for label in labels:
     folders += sorted(os.path.dirname(p) for p in glob.glob(os.path.join(sweep, label, "seed*", "results.json")))
   for wd in folders:
