@@ -113,16 +113,8 @@ def perception_table(sweep: str) -> str:
   files = sorted(glob.glob(os.path.join(sweep, "_sft", "seed*", "perception.json")))
   if not files:
     return "(no perception.json in the sweep's _sft folders)"
-  res = [json.load(open(f)) for f in files]
-  for f, r in zip(files, res):
-    if "blind_bound" not in r["overall"]:  # written before the bound was: compute it
-      from ml_collections import config_dict
-      from dmpo_jax.training import perception
-      with open(os.path.join(os.path.dirname(f), "config.json")) as fh:
-        b = perception.bounds_of_config(config_dict.ConfigDict(json.load(fh)))
-      r["overall"]["blind_bound"] = b["overall"]
-      for task, v in b["per_task"].items():
-        r["per_task"][task]["blind_bound"] = v
+  from dmpo_jax.training import perception
+  res = [perception.with_bounds(json.load(open(f)), os.path.dirname(f)) for f in files]
   rows = [("overall", [r["overall"] for r in res])]
   rows += [(t, [r["per_task"][t] for r in res]) for t in sorted(res[0]["per_task"])]
   lines = [f"{len(res)} seeds, {res[0]['steps']} perception steps; mean [95% t-interval] over seeds.",

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from dmpo_jax.training import perception
+
 CONFIG = "configs/mm_nphard.py"
 
 # name -> --config overrides (beyond the perception-only stage). The default tower: two
@@ -69,19 +71,6 @@ def run_regime(name: str, args) -> dict:
   return res
 
 
-def add_bounds(res: dict, workdir: str) -> dict:
-  """perception.json's `blind_bound`s, computed from the run's config when it predates them."""
-  if "blind_bound" not in res["overall"]:
-    from ml_collections import config_dict
-    from dmpo_jax.training import perception
-    with open(os.path.join(workdir, "config.json")) as f:
-      b = perception.bounds_of_config(config_dict.ConfigDict(json.load(f)))
-    res["overall"]["blind_bound"] = b["overall"]
-    for task, v in b["per_task"].items():
-      res["per_task"][task]["blind_bound"] = v
-  return res
-
-
 def table(results: dict) -> str:
   lines = ["| regime | task | token accuracy, image | blank | blind bound | image - bound | "
            "read exactly, image | blank | wall |",
@@ -116,10 +105,10 @@ def main(argv=None):
     path = os.path.join(args.out, name, "perception.json")
     if args.table_only:
       if os.path.exists(path):
-        results[name] = add_bounds(json.load(open(path)), os.path.join(args.out, name))
+        results[name] = perception.with_bounds(json.load(open(path)), os.path.join(args.out, name))
       continue
     try:
-      results[name] = add_bounds(run_regime(name, args), os.path.join(args.out, name))
+      results[name] = perception.with_bounds(run_regime(name, args), os.path.join(args.out, name))
     except subprocess.CalledProcessError as e:
       print(f"[{name}] failed (exit status {e.returncode}); the search goes on", flush=True)
       continue

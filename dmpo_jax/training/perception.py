@@ -104,6 +104,20 @@ def bounds_of_config(cfg) -> dict:
   return bounds(images.make_encoder(cfg, processor), items, int(cfg.perception.max_new_tokens))
 
 
+def with_bounds(res: dict, workdir: str) -> dict:
+  """A perception.json's result with its `blind_bound`s, computed from the workdir's
+  config.json when the file predates them."""
+  if "blind_bound" not in res["overall"]:
+    import json
+    from ml_collections import config_dict
+    with open(os.path.join(workdir, "config.json")) as f:
+      b = bounds_of_config(config_dict.ConfigDict(json.load(f)))
+    res["overall"]["blind_bound"] = b["overall"]
+    for key, v in b["per_task"].items():
+      res["per_task"][key]["blind_bound"] = v
+  return res
+
+
 def greedy_sampler(run):
   """The run's jitted greedy sampler at config.perception.max_new_tokens (made once, used for
   the image and the blank prompts alike: same ids, same shapes)."""
