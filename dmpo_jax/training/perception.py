@@ -108,10 +108,12 @@ def with_bounds(res: dict, workdir: str) -> dict:
   """A perception.json's result with its `blind_bound`s, computed from the workdir's
   config.json when the file predates them."""
   if "blind_bound" not in res["overall"]:
-    import json
     from ml_collections import config_dict
-    with open(os.path.join(workdir, "config.json")) as f:
-      b = bounds_of_config(config_dict.ConfigDict(json.load(f)))
+    from dmpo_jax.training import config as config_lib
+    saved = config_lib.saved_config(workdir)
+    if saved is None:
+      raise FileNotFoundError(f"{workdir} has no config.json to compute the blind bounds from")
+    b = bounds_of_config(config_dict.ConfigDict(saved))
     res["overall"]["blind_bound"] = b["overall"]
     for key, v in b["per_task"].items():
       res["per_task"][key]["blind_bound"] = v
