@@ -114,15 +114,16 @@ def frontier(trajectories: dict, x: float) -> float:
 # ---------------------------------------------------------------------------
 # Reading a sweep's evaluation points.
 def read_points(workdir: str) -> dict:
-  """{rl_step: point json} of a run folder (points/rl<step>.json)."""
+  """{rl_step: point json} of a run folder (points/rl<step>.json); a damaged file (not a JSON
+  object with "sets") is left out, as the report's `missing_points` counts it missing."""
   from dmpo_jax.training import report
   d = os.path.join(workdir, "points")
   out = {}
   if os.path.isdir(d):
     for f in os.listdir(d):
       m = re.fullmatch(r"rl(\d+)\.json", f)
-      if m:
-        out[int(m.group(1))] = report.read_json(os.path.join(d, f))
+      if m and (point := report.read_result(os.path.join(d, f), ("sets",))[0]) is not None:
+        out[int(m.group(1))] = point
   return dict(sorted(out.items()))
 
 
@@ -217,13 +218,15 @@ def cpu_model() -> str:
 
 
 def per_seed_rows(runs: dict, points: dict, metrics=POINT_METRICS) -> list[dict]:
-  """One row per (label, seed): status, wall time, the final held-out metrics (C at the
-  evaluation temperature) and the last evaluation point's metrics on every set."""
+  """One row per (label, seed): status, the RL steps of missing evaluation points (an
+  "incomplete" run's), wall time, the final held-out metrics (C at the evaluation
+  temperature; finished runs only) and the last evaluation point's metrics on every set
+  (point_rl_step: which one; a run that is not finished has not reached its end there)."""
   rows = []
   for label, by_seed in runs.items():
     for seed, r in by_seed.items():
       row = {"label": label, "seed": seed, "status": r["status"], "rl_steps_done": r["rl_steps_done"],
-             "wall_s": r["wall_s"]}
+             "missing_points": " ".join(map(str, r.get("missing_points") or ())), "wall_s": r["wall_s"]}
       for m, v in (r.get("after") or {}).items():
         if m in metrics or m in ("SR_mean", "QR_mean", "distinct"):
           row[f"final_{m}"] = v
@@ -523,27 +526,38 @@ def markdown(result: dict, manifest: dict) -> str:
   return "\n".join(lines)
 
 
+# What `write` derives from the finished runs' points (rewritten by every report).
+ANALYSIS_FILES = ("frontier.md", "frontier.json", "points.csv", "per_task.csv", "matched.csv", "pareto.png")
+
+
 def write(out: str, runs: dict, manifest: dict, plots: bool = True) -> dict:
   """frontier.md, frontier.json, per_seed.csv, points.csv and pareto.png of a sweep folder
-  (runs: sweep_report.collect's)."""
+  (runs: sweep_report.collect's). Without a finished run that holds points, per_seed.csv
+  alone is written and an earlier report's ANALYSIS_FILES are removed."""
   from dmpo_jax.training import report
   every = {l: {s: p for s in by_seed if (p := read_points(os.path.join(out, l, f"seed{s}")))}
            for l, by_seed in runs.items()}
   write_csv(per_seed_rows(runs, every), os.path.join(out, "per_seed.csv"))
-  # The analysis reads finished runs only: a run stopped part-way has no end point, and its
-  # last point would pass for one (the CSVs above and per_seed.csv's status show the others).
+  # The analysis reads finished runs only: a run stopped part-way, or one whose evaluation
+  # point is missing ("incomplete"), has no end point, and its last point would pass for one
+  # (per_seed.csv's status and missing_points show the others).
   points = {l: {s: p for s, p in by_seed.items() if runs[l][s]["status"] == "finished"}
             for l, by_seed in every.items()}
   points = {l: v for l, v in points.items() if v}
-  if not points:
+  if not points:  # nothing to analyse: an earlier report's analysis would pass for this one's
+    for name in ANALYSIS_FILES:
+      if os.path.exists(os.path.join(out, name)):
+        os.remove(os.path.join(out, name))
     return {}
   write_csv(point_rows(points), os.path.join(out, "points.csv"))
   families = {f: [l for l in ls if l in points] for f, ls in manifest.get("families", {}).items()}
   families = {f: ls for f, ls in families.items() if ls}
   pairs = [tuple(p) for p in manifest.get("contrasts", [])]
   result = analyse(points, families, pairs, manifest.get("baseline", "grpo"))
-  result["incomplete"] = [f"{l}/seed{s} ({r['status']})" for l, by_seed in runs.items()
-                          for s, r in by_seed.items() if r["status"] != "finished"]
+  result["incomplete"] = [f"{l}/seed{s} ({r['status']}" + (
+      f": no evaluation point at RL step {', '.join(map(str, r['missing_points']))})"
+      if r.get("missing_points") else ")") for l, by_seed in runs.items()
+      for s, r in by_seed.items() if r["status"] != "finished"]
   reference = manifest.get("baseline", "grpo")
   by_cat = analyse(points, families, pairs, reference, overall="overall")
   result["by_category"] = {k: by_cat[k] for k in ("targets", "primary", "start_at_target")}

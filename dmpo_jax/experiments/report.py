@@ -4,10 +4,12 @@
     sweep_report.write_report("runs/sweep")      # also: python -m dmpo_jax.experiments.sweep --out=... --report_only
 
 Everything is read from the run folders (`<label>/seed<k>/`: results.json,
-eval_before.json, eval_after.json, metrics.jsonl, config.json); nothing is
-recomputed. Per label: the mean and 95% Student-t interval over seeds of the
-final metrics of finished runs, and the seed-paired difference against the
-baseline label (dmpo_jax.experiments.stats). A metric the trainer does not write is
+eval_before.json, eval_after.json, metrics.jsonl, config.json, points/); nothing is
+recomputed. A run counts as finished only with results.json and every evaluation point
+its config.json plans (`missing_points`); one with results.json and a missing point is
+"incomplete" and, like a partial run, is never analysed. Per label: the mean and 95%
+Student-t interval over seeds of the final metrics of finished runs, and the seed-paired
+difference against the baseline label (dmpo_jax.experiments.stats). A metric the trainer does not write is
 reported as "not logged" (FINAL, CURVES and GRADIENTS list the names read).
 """
 
@@ -55,18 +57,45 @@ def _read(path):
   return report.read_json(path) if os.path.exists(path) else None
 
 
+def planned_points(config: dict) -> list[int]:
+  """The RL steps of a run's evaluation points, from its config.json (`eval.points` over
+  `rl.steps`; none when the config predates evaluation points)."""
+  from dmpo_jax.training import points
+  return points.point_steps(int(config.get("rl", {}).get("steps") or 0),
+                            int(config.get("eval", {}).get("points") or 0))
+
+
+def missing_points(workdir: str, config: dict | None = None) -> list[int]:
+  """The planned RL steps (config: the run's config.json, read when not given) whose
+  points/rl<step>.json is absent or damaged (not a JSON object with "sets")."""
+  from dmpo_jax.training import points
+  if config is None:
+    config = _read(os.path.join(workdir, "config.json")) or {}
+  return [s for s in planned_points(config)
+          if report.read_result(os.path.join(workdir, points.DIR, f"rl{s}.json"), ("sets",))[0] is None]
+
+
+def run_status(r: dict) -> str:
+  """A run's status for tables: "incomplete" names its missing evaluation points."""
+  if r["status"] == "incomplete":
+    return f"incomplete: no evaluation point at RL step {', '.join(map(str, r['missing_points']))}"
+  return r["status"]
+
+
 def load_run(workdir: str) -> dict:
-  """What a run folder holds: status ("finished", "partial", "failed", "not started"), the
-  evaluations' overall dicts, the RL rows (step counted from the start of RL)."""
+  """What a run folder holds: status ("finished", "incomplete": results.json but a planned
+  evaluation point missing, "partial", "failed", "not started"), the evaluations' overall
+  dicts, the RL rows (step counted from the start of RL), the missing points' RL steps."""
   results = _read(os.path.join(workdir, "results.json"))
   config = _read(os.path.join(workdir, "config.json")) or {}
+  missing = missing_points(workdir, config) if results is not None else []
   before = _read(os.path.join(workdir, "eval_before.json"))
   after = _read(os.path.join(workdir, "eval_after.json"))
   rows = report.read_metrics(os.path.join(workdir, "metrics.jsonl"))
   sft = (results or {}).get("steps", {}).get("sft", config.get("sft", {}).get("steps", 0))
   rl = [dict(r, rl_step=r["step"] - sft) for r in rows if r.get("stage") == "rl"]
   if results is not None:
-    status = "finished"
+    status = "incomplete" if missing else "finished"
   elif os.path.exists(os.path.join(workdir, "sweep_error.txt")):
     status = "failed"
   elif rl or os.path.isdir(os.path.join(workdir, "checkpoints")):
@@ -82,7 +111,8 @@ def load_run(workdir: str) -> dict:
   return {"status": status, "results": results, "before": (before or {}).get("overall"), "split": split,
           "after": (after or {}).get("overall") if status == "finished" else None, "rl": rl,
           "rl_steps_done": max((r["rl_step"] for r in rl), default=0),
-          "rl_steps": config.get("rl", {}).get("steps"), "wall_s": (results or {}).get("wall_s")}
+          "rl_steps": config.get("rl", {}).get("steps"), "wall_s": (results or {}).get("wall_s"),
+          "missing_points": missing}
 
 
 def collect(out: str) -> tuple[dict, dict]:
@@ -292,7 +322,7 @@ def markdown(out: str, manifest: dict, runs: dict, summ: dict, baseline: str) ->
            "seeds of finished runs (n=1: no interval). `not logged`: the trainer does not write this "
            "metric (docs/COLLAPSE.md, hooks).", ""]
   if n_done < n_total:
-    missing = [f"{l}/seed{s} ({r['status']}, RL step {r['rl_steps_done']}/{r['rl_steps'] or '?'})"
+    missing = [f"{l}/seed{s} ({run_status(r)}, RL step {r['rl_steps_done']}/{r['rl_steps'] or '?'})"
                for l, v in runs.items() for s, r in v.items() if r["status"] != "finished"]
     lines += ["**Partial sweep.** Not finished: " + ", ".join(missing) + ".", ""]
   for sess in manifest.get("sessions", []):
@@ -330,7 +360,7 @@ def markdown(out: str, manifest: dict, runs: dict, summ: dict, baseline: str) ->
             "", "![pass@k before and after RL](pass_at_k.png)", "",
             "`pass_at_k.png`: pass@k over k for the SFT policy (dashed) and after RL, correct = feasible "
             "and = optimal.", "", "## Runs", ""]
-  rows = [[f"{l}/seed{s}", r["status"], f"{r['rl_steps_done']}/{r['rl_steps'] or '?'}",
+  rows = [[f"{l}/seed{s}", run_status(r), f"{r['rl_steps_done']}/{r['rl_steps'] or '?'}",
            f"{r['wall_s']:.0f}" if r["wall_s"] is not None else "—"] for l, v in runs.items() for s, r in v.items()]
   lines += _table(["run", "status", "RL steps", "wall s (last process)"], rows)
   return "\n".join(lines) + "\n"
@@ -355,7 +385,8 @@ def write_report(out: str, baseline: str | None = None, plots: bool = True) -> d
     text += "\n## Matched comparisons\n\nSee [frontier.md](frontier.md) and `pareto.png`.\n"
   with open(os.path.join(out, "report.md"), "w") as f:
     f.write(text)
-  status = {f"{l}/seed{s}": {k: r[k] for k in ("status", "rl_steps_done", "rl_steps", "wall_s")}
+  status = {f"{l}/seed{s}": {k: r[k] for k in ("status", "rl_steps_done", "rl_steps", "wall_s",
+                                                 "missing_points")}
             for l, v in runs.items() for s, r in v.items()}
   result = {"baseline": baseline, "runs": status, "final": summ["final"], "paired": summ["paired"],
             "gradients": summ["gradients"], "before": summ["before"], "curves": cv,

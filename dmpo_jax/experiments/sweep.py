@@ -12,10 +12,18 @@ Layout of --out: `<label>/seed<k>/` (an ordinary training workdir per run),
 `sweep.json` (what was asked), `report.md`, `report.json`, `*.png`
 (dmpo_jax.experiments.report).
 
-Resuming: rerun the same command. A run with results.json is skipped; an
-interrupted one resumes from its own checkpoint (the trainer's resume). A
+Resuming: rerun the same command. A finished run (results.json and every
+evaluation point its config.json plans) is skipped; an interrupted one resumes
+from its own checkpoint (the trainer's resume). A run with a missing point and
+a newer checkpoint or results.json resumes from its last checkpoint at or before
+that point (`rewind`: what came after moves to `<run>/superseded/<n>/`). A
 first Ctrl-C lets the trainer save and stops the sweep; the report is written
 for what has finished.
+
+Merging (--merge_from): another sweep folder's finished runs move in when its
+recorded base config (sweep.json "config": the config after --set) gives each of
+its labels the same run config as ours, up to fields that do not change a result
+(`merge_differences`); else nothing moves and the differences are listed.
 
 Sharing: the SFT stage depends on the seed and on the config's non-RL fields
 only, so it runs once per seed (stopping at the end of SFT) and each run's
@@ -95,6 +103,8 @@ SETTINGS["dph_f-eta0"] = {"rl.algo": "dph_f", "rl.objective.div_coef": 0.0}
 DPH_ETAS_STRONG = (12.5, 62.5)
 for eta in DPH_ETAS_STRONG:
   SETTINGS[f"dph_f-eta{_fmt(eta)}"] = {"rl.algo": "dph_f", "rl.objective.div_coef": eta}
+  # The confirmatory design's DPH-JS axis (studies/collapse_confirm) matches DPH-F's.
+  SETTINGS[f"dph_js-eta{_fmt(eta)}"] = {"rl.algo": "dph_js", "rl.objective.div_coef": eta}
 # G = 16 matched on samples (4 prompts x 16 = 8 x 8 = 64 samples a step); "grpo-g16" is
 # matched on prompts (8 x 16 = 128 samples).
 SETTINGS["grpo-g16-samples"] = {"rl.algo": "grpo", "rl.group_size": 16, "rl.prompts_per_step": 4}
@@ -146,12 +156,13 @@ SHARE_SAFE = ("rl.algo", "rl.objective.", "rl.steps", "rl.prompts_per_step", "rl
               "rl.temperature", "rl.top_p", "rl.max_grad_norm", "rl.rollout_chunks",
               "rl.micro_batches", "rl.nonfinite_patience", "rl.check_recompile", "rl.log_term_grads",
               "dph.",
-              "stop_at_step", "log.", "checkpoint.")
+              "stop_at_step", "check_memory", "log.", "checkpoint.")
 SFT_DIR = "_sft"
 # Evaluations of the SFT policy that every run of a seed shares: before RL, and the first
 # evaluation point along RL (training/points.py; redone where a run's temperature differs).
 SHARED_EVALS = ("eval_before.json", "points/rl0.json")
 CACHE_DIR = "_jax_cache"
+SUPERSEDED = "superseded"  # in a run folder: what a rewind moved aside (`rewind`)
 
 
 class SweepError(ValueError):
@@ -222,13 +233,18 @@ def apply_overrides(cfg, overrides: dict, what: str):
   return cfg
 
 
+def share_safe(path: str) -> bool:
+  """Whether a config field ("rl.lr") is in SHARE_SAFE (itself or a group it belongs to)."""
+  return any(path == s or (s.endswith(".") and path.startswith(s)) for s in SHARE_SAFE)
+
+
 def sft_key(cfg) -> str:
   """The config with the SHARE_SAFE fields removed: runs with equal keys share the SFT stage."""
   def walk(d, prefix):
     out = {}
     for k, v in d.items():
       path = prefix + k
-      if any(path == s or (s.endswith(".") and path.startswith(s)) for s in SHARE_SAFE):
+      if share_safe(path):
         continue
       out[k] = walk(v, path + ".") if isinstance(v, dict) else v
     return out
@@ -294,7 +310,96 @@ def enable_compile_cache(directory: str) -> None:
 
 
 def is_finished(workdir: str) -> bool:
-  return os.path.exists(os.path.join(workdir, "results.json"))
+  """results.json and every evaluation point the run's config.json plans (the report's
+  "finished"); a damaged config.json is not finished (the trainer names it)."""
+  from dmpo_jax.experiments import report as sweep_report
+  from dmpo_jax.training import report
+  if not os.path.exists(os.path.join(workdir, "results.json")):
+    return False
+  path = os.path.join(workdir, "config.json")
+  config, _ = report.read_result(path) if os.path.exists(path) else ({}, None)
+  return config is not None and not sweep_report.missing_points(workdir, config)
+
+
+def checkpoint_steps(workdir: str) -> list[int]:
+  """The step folders under <workdir>/checkpoints, ascending."""
+  d = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(d):
+    return []
+  return sorted(int(n) for n in os.listdir(d) if n.isdigit() and os.path.isdir(os.path.join(d, n)))
+
+
+def superseded_dir(workdir: str) -> str:
+  """A new, numbered folder <workdir>/superseded/<n>/ (1, 2, ...: one per rewind)."""
+  root = os.path.join(workdir, SUPERSEDED)
+  taken = [int(n) for n in os.listdir(root) if n.isdigit()] if os.path.isdir(root) else []
+  d = os.path.join(root, str(max(taken, default=0) + 1))
+  os.makedirs(d)
+  return d
+
+
+def rewind_plan(workdir: str) -> tuple[list[str], int | None, list[int]] | None:
+  """What `rewind` moves ([paths relative to the workdir]), the checkpoint the rerun resumes
+  from (None: none is left) and the missing points' RL steps; None when nothing is to move:
+  every planned point is there, or the trainer reaches the first missing one anyway (no
+  results.json and no checkpoint past it)."""
+  from dmpo_jax.experiments import report as sweep_report
+  from dmpo_jax.training import lock as lock_lib
+  from dmpo_jax.training import points
+  config = config_lib.saved_config(workdir)
+  missing = sweep_report.missing_points(workdir, config) if config is not None else []
+  if not missing:
+    return None
+  sft = int(config.get("sft", {}).get("steps") or 0)
+  first = sft + missing[0]
+  steps = checkpoint_steps(workdir)
+  finished = os.path.exists(os.path.join(workdir, "results.json"))
+  if not finished and all(st <= first for st in steps):
+    return None
+  keep = [st for st in steps if st <= first]
+  if not keep:  # from the start: everything but the run's contract (and the lock)
+    return [n for n in sorted(os.listdir(workdir)) if n not in ("config.json", SUPERSEDED)
+            and not n.startswith(lock_lib.LOCK_FILE)], None, missing
+  resume = max(keep)
+  later = [os.path.join(points.DIR, f"rl{st}.json") for st in sweep_report.planned_points(config)
+           if sft + st > resume]
+  moves = ([os.path.join("checkpoints", str(st)) for st in steps if st > resume] + later
+           + ["results.json", "eval_after.json"])
+  return [m for m in moves if os.path.exists(os.path.join(workdir, m))], resume, missing
+
+
+def rewind(workdir: str, log=print) -> str | None:
+  """Before a rerun of a run with a missing evaluation point and a newer checkpoint or
+  results.json (killed between a checkpoint and its point under an older trainer, or a file
+  lost): move what came after the point into <workdir>/superseded/<n>/ (newer checkpoints,
+  later points, results.json, eval_after.json; a copy of metrics.jsonl, whose rows after the
+  checkpoint the resume cuts off) so that the trainer resumes from the last checkpoint at or
+  before the point and computes it. Without such a checkpoint everything but config.json
+  moves: a shared run is then seeded again from its SFT stage (`execute`), an unshared one
+  trains from scratch. Nothing is deleted. It holds the run's lock while it moves (LockHeld:
+  another process trains the run). Returns what was done, None when nothing was."""
+  from dmpo_jax.training import lock as lock_lib
+  if rewind_plan(workdir) is None:
+    return None
+  with lock_lib.acquire(workdir, log=log):
+    plan_ = rewind_plan(workdir)  # again, under the lock
+    return None if plan_ is None else move_aside(workdir, *plan_)
+
+
+def move_aside(workdir: str, moves: list[str], resume: int | None, missing: list[int]) -> str:
+  """`rewind`'s moves into a new superseded folder, with why.txt; returns what was done."""
+  aside = superseded_dir(workdir)
+  if resume is not None and os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    shutil.copyfile(os.path.join(workdir, "metrics.jsonl"), os.path.join(aside, "metrics.jsonl"))
+  for m in moves:
+    os.makedirs(os.path.dirname(os.path.join(aside, m)), exist_ok=True)
+    shutil.move(os.path.join(workdir, m), os.path.join(aside, m))
+  start = f"checkpoint {resume}" if resume is not None else "the start (no checkpoint at or before it)"
+  what = (f"no evaluation point at RL step {', '.join(map(str, missing))}: rerun from {start}; "
+          f"moved aside into {aside}: {', '.join(moves) or 'nothing'}")
+  with open(os.path.join(aside, "why.txt"), "w") as f:
+    f.write(what + "\n")
+  return what
 
 
 def _copy_file(src: str, dst: str) -> None:
@@ -315,16 +420,32 @@ def call_train(train_fn, cfg, workdir: str) -> dict:
   return res
 
 
-def prepare_sft(train_fn, run: Run, out: str, log=print) -> str:
-  """The seed's shared SFT folder, trained (once) up to the end of SFT."""
+def prepare_sft(train_fn, run: Run, out: str, log=print, poll_s: float = 30.0) -> str:
+  """The seed's shared SFT folder, trained (once) up to the end of SFT. While another
+  process holds its workdir lock (a second sweep process on the same seed, or one on another
+  host), this one waits, polling every poll_s seconds, and uses that stage's checkpoint once
+  it exists (or trains what the other left undone)."""
+  from dmpo_jax.training import lock as lock_lib
   d = os.path.join(out, SFT_DIR, f"seed{run.seed}")
   steps = run.cfg.sft.steps
-  if not os.path.isdir(os.path.join(d, "checkpoints", str(steps))):
-    log(f"SFT stage of seed {run.seed} -> {d}")
-    cfg = copy.deepcopy(run.cfg)
-    cfg.stop_at_step = steps
-    res = call_train(train_fn, cfg, d)
-    if not os.path.isdir(os.path.join(d, "checkpoints", str(steps))):
+  done = lambda: os.path.isdir(os.path.join(d, "checkpoints", str(steps)))
+  waiting_for = None
+  while not done():
+    try:
+      lock_lib.check(d)  # before train_fn builds the model
+      log(f"SFT stage of seed {run.seed} -> {d}")
+      cfg = copy.deepcopy(run.cfg)
+      cfg.stop_at_step = steps
+      res = call_train(train_fn, cfg, d)
+    except lock_lib.LockHeld as e:
+      if e.holder is None:  # not a lock record: waiting would never end
+        raise
+      if e.holder != waiting_for:
+        log(f"SFT stage of seed {run.seed}: waiting ({e})")
+        waiting_for = e.holder
+      time.sleep(poll_s)
+      continue
+    if not done():
       raise RuntimeError(f"the SFT stage in {d} ended ({res}) without a checkpoint at step {steps}")
   return d
 
@@ -350,19 +471,21 @@ def seed_run_folder(sft_dir: str, workdir: str, sft_steps: int) -> None:
 
 
 def execute(run: Run, out: str, train_fn, log=print) -> dict:
-  """One run: share the SFT stage if it can, train (or resume), share eval_before back."""
+  """One run: share the SFT stage if it can, rewind past a missing evaluation point
+  (`rewind`), train (or resume), share eval_before back."""
   wd = os.path.join(out, run.label, f"seed{run.seed}")
   if os.path.exists(os.path.join(wd, "sweep_error.txt")):
     os.remove(os.path.join(wd, "sweep_error.txt"))  # an earlier failure, retried now
-  sft_dir = None
-  if run.shared:
-    sft_dir = prepare_sft(train_fn, run, out, log)
-    if not os.path.isdir(os.path.join(wd, "checkpoints")):
-      seed_run_folder(sft_dir, wd, run.cfg.sft.steps)
-    else:
-      for f in SHARED_EVALS:
-        if not os.path.exists(os.path.join(wd, f)) and os.path.exists(os.path.join(sft_dir, f)):
-          _copy_file(os.path.join(sft_dir, f), os.path.join(wd, f))
+  sft_dir = prepare_sft(train_fn, run, out, log) if run.shared else None
+  if sft_dir and os.path.isdir(os.path.join(wd, "checkpoints")):
+    for f in SHARED_EVALS:  # before the rewind: a shared point is copied, not recomputed
+      if not os.path.exists(os.path.join(wd, f)) and os.path.exists(os.path.join(sft_dir, f)):
+        _copy_file(os.path.join(sft_dir, f), os.path.join(wd, f))
+  what = rewind(wd, log) if os.path.isdir(wd) else None
+  if what:
+    log(f"{run.name}: {what}")
+  if sft_dir and not os.path.isdir(os.path.join(wd, "checkpoints")):
+    seed_run_folder(sft_dir, wd, run.cfg.sft.steps)
   try:
     return call_train(train_fn, run.cfg, wd)
   finally:
@@ -371,9 +494,11 @@ def execute(run: Run, out: str, train_fn, log=print) -> dict:
         _copy_file(os.path.join(wd, f), os.path.join(sft_dir, f))
 
 
-def write_manifest(out: str, args: dict, runs: list[Run], sessions: list | None = None) -> None:
-  """sweep.json: what was asked, and each invocation ("sessions": commit, machine, start,
-  wall time; a resumed sweep adds one)."""
+def write_manifest(out: str, args: dict, runs: list[Run], sessions: list | None = None,
+                   config: dict | None = None) -> None:
+  """sweep.json: what was asked (with "config", the base config after --set as config.json
+  holds it, which --merge_from compares), and each invocation ("sessions": commit, machine,
+  start, wall time; a resumed sweep adds one)."""
   from dmpo_jax.training import report
   path = os.path.join(out, "sweep.json")
   old = report.read_json(path) if os.path.exists(path) else {}
@@ -382,21 +507,79 @@ def write_manifest(out: str, args: dict, runs: list[Run], sessions: list | None 
   report.write_json({"args": args, "labels": labels, "seeds": seeds, "baseline": BASELINE,
                      "settings": {l: SETTINGS.get(l, old.get("settings", {}).get(l)) for l in labels},
                      "families": FAMILIES, "contrasts": CONTRASTS,
+                     "config": config if config is not None else old.get("config"),
                      "sessions": sessions if sessions is not None else old.get("sessions", [])},
                     path)
+
+
+# Fields two merged sweeps may differ in: what changes how a run is logged, saved or laid
+# out, not its result (a resume may change them too), and the base seed (each run sets its own).
+MERGE_IGNORED = config_lib.SAFE_TO_CHANGE + config_lib.NEVER_COMPARED + ("seed",)
+
+
+def read_manifest(folder: str, flag: str) -> dict:
+  """A sweep folder's sweep.json; a SweepError naming the flag and folder when the folder is
+  missing, holds no sweep.json, or that file is damaged."""
+  from dmpo_jax.training import report
+  if not os.path.isdir(folder):
+    raise SweepError(f"{flag}={folder}: no such folder")
+  path = os.path.join(folder, "sweep.json")
+  if not os.path.exists(path):
+    raise SweepError(f"{flag}={folder}: not a sweep folder (no sweep.json)")
+  manifest, why = report.read_result(path, ("labels", "seeds", "settings"))
+  if manifest is None:
+    raise SweepError(f"{flag}={folder}: {path} is damaged ({why})")
+  return manifest
+
+
+def config_differences(ours: dict, theirs: dict) -> dict:
+  """{field: (ours, theirs)} of two flat configs, outside MERGE_IGNORED (a field added to
+  the schema later counts as its ADDED_FIELDS value where absent)."""
+  a, b = dict(ours), dict(theirs)
+  for p, meant in config_lib.ADDED_FIELDS.items():
+    a.setdefault(p, meant)
+    b.setdefault(p, meant)
+  absent = "<absent>"
+  return {p: (a.get(p, absent), b.get(p, absent)) for p in sorted(set(a) | set(b))
+          if p not in MERGE_IGNORED and a.get(p, absent) != b.get(p, absent)}
+
+
+def merge_differences(a: dict, b: dict, out: str, other: str) -> dict:
+  """The fields in which sweep `other` (manifest b) ran other experiments than `out` (a):
+  for each of b's labels, its run config (the recorded base config with the label's
+  settings) against ours with the same settings, and the bases' fields that shape the shared
+  SFT stage (outside SHARE_SAFE). A base field that every label sets may differ."""
+  for manifest, folder in ((a, out), (b, other)):
+    if not isinstance(manifest.get("config"), dict):
+      raise SweepError(f"--merge_from: {folder}/sweep.json records no config (a sweep from before "
+                       "sweeps recorded theirs); rerun its sweep command with --max_runs=0 to "
+                       "record it, then merge")
+  base_a, base_b = (config_lib.flatten(m["config"]) for m in (a, b))
+  diffs = {p: v for p, v in config_differences(base_a, base_b).items() if not share_safe(p)}
+  for label in b["labels"]:
+    over = b["settings"].get(label) or {}
+    diffs.update(config_differences({**base_a, **over}, {**base_b, **over}))
+  return diffs
 
 
 def merge(out: str, other: str) -> list[str]:
   """Move the finished runs of sweep folder `other` (run on other seeds or labels, e.g. in a
   second process) into `out`, with their seeds' shared SFT stages; `other`'s invocations are
   added to out's sweep.json sessions (each with "merged_from"). A run unfinished in `other`
-  stays there. Refused, before anything moves, when a label's settings differ between the
-  two or a finished run exists in both. Returns the moved runs' "label/seed<k>"."""
+  stays there. Refused, before anything moves, when either folder is not a sweep folder, a
+  label's settings differ between the two, the two ran other configs (`merge_differences`,
+  listed field by field, ours vs theirs), or a finished run exists in both. Returns the moved
+  runs' "label/seed<k>"."""
   from dmpo_jax.training import report
-  a, b = (report.read_json(os.path.join(d, "sweep.json")) for d in (out, other))
+  a, b = read_manifest(out, "--out"), read_manifest(other, "--merge_from")
   clash = [l for l in b["labels"] if l in a["settings"] and a["settings"][l] != b["settings"][l]]
   if clash:
     raise SweepError(f"--merge_from: labels {clash} have other settings in {other} than in {out}")
+  diffs = merge_differences(a, b, out, other)
+  if diffs:
+    detail = "; ".join(f"{p}: {x!r} vs {y!r}" for p, (x, y) in sorted(diffs.items()))
+    raise SweepError(f"--merge_from: {other} ran another config than {out} ({len(diffs)} field(s) "
+                     f"differ, ours vs theirs: {detail}); nothing was moved")
   moves = []
   for label in b["labels"]:
     for seed in b["seeds"]:
@@ -510,13 +693,18 @@ def main(argv=None):
       return 2
     print(f"merged {len(moved)} runs from {args.merge_from} into {args.out}")
   if args.report_only or args.merge_from:
+    if not os.path.isdir(args.out):
+      print(f"error: --out={args.out}: no such folder", file=sys.stderr)
+      return 2
     print(sweep_report.write_report(args.out)["summary"])
     return 0
   try:
     base = load_config(args.config, args.smoke)
     labels = [m for l in args.presets.split(",") if l.strip()
               for m in ({"tier1": TIER1, "tier2": TIER2}.get(l.strip()) or [l.strip()])]
-    runs = plan(base, labels, parse_seeds(args.seeds), parse_sets(args.set), share=not args.no_share)
+    sets = parse_sets(args.set)
+    runs = plan(base, labels, parse_seeds(args.seeds), sets, share=not args.no_share)
+    base_config = config_lib.config_json(apply_overrides(base, sets, "--set"))
     if args.seed_major:
       runs.sort(key=lambda r: r.seed)  # stable: labels keep their order within a seed
   except SweepError as e:
@@ -536,11 +724,11 @@ def main(argv=None):
   sessions = (report_lib.read_json(path).get("sessions", []) if os.path.exists(path) else [])
   session = dict(frontier.provenance(), started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  wall_s=None)
-  write_manifest(args.out, vars(args), runs, sessions + [session])
+  write_manifest(args.out, vars(args), runs, sessions + [session], base_config)
   t0 = time.time()
   status = run_sweep(runs, args.out, max_runs=args.max_runs, progress=not args.no_progress)
   session.update(wall_s=time.time() - t0, runs={k: len(v) for k, v in status.items()})
-  write_manifest(args.out, vars(args), runs, sessions + [session])
+  write_manifest(args.out, vars(args), runs, sessions + [session], base_config)
   rep = sweep_report.write_report(args.out)
   print(rep["summary"])
   print("sweep: " + ", ".join(f"{k} {len(v)}" for k, v in status.items()) + f"; report in {args.out}/report.md")

@@ -14,9 +14,11 @@ run.py         the run context (`Run`: config, objective, shardings, optimizers,
                `setup`
 stages.py      `train(cfg, workdir)`: SFT, evaluation, DPH pre-sampling, RL, evaluation, results
 config.py      the config schema, check_config, the resume contract, config files by path
+memory.py      the memory estimate check_config refuses absurd sizes by (through parallel/plan.py)
 evaluation.py  SR/QR, pass@k and diversity on held-out instances; points.py along RL
 perception.py  an image policy's perception stage (transcribing the image) and its scores
 checkpoint.py  orbax checkpoints; report.py metrics, JSON files, plots
+lock.py        the workdir's lock: one run at a time writes a workdir
 `python -m dmpo_jax.train` is their command line; docs/ARCHITECTURE.md follows one step.
 """
 

@@ -1,7 +1,8 @@
 """The run context of a training job: the config checked, the model built, its shardings,
 optimizers, data stream, prompt encoder, checkpointer and writers (`Run`), and `setup`, which
-makes one and restores the workdir's latest usable checkpoint. The stages (stages.py) read
-everything they share from it."""
+makes one, takes the workdir's lock (lock.py) and restores the workdir's latest usable
+checkpoint. The stages (stages.py) read everything they share from it; `Run.close` ends it
+and releases the lock."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from dmpo_jax.parallel import sharding
 from dmpo_jax.sampling import sampler as sampler_lib
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
+from dmpo_jax.training import lock as lock_lib
 from dmpo_jax.training import perception, report
 from dmpo_jax.training.evaluation import EVAL_KEYS
 from dmpo_jax.data import domain, instances, pipeline
@@ -36,6 +38,10 @@ from dmpo_jax.training.steps import make_optimizer
 
 class TrainingError(RuntimeError):
   """The run cannot continue; the message says why (the last good checkpoint is intact)."""
+
+
+class WorkdirLocked(TrainingError, lock_lib.LockHeld):
+  """Another run holds the workdir's lock (lock.py); the message names it and the file."""
 
 
 # ---------------------------------------------------------------------------
@@ -91,6 +97,7 @@ class Run:
   ckpt: ckpt_lib.Checkpointer
   vl_cfg: Any = None   # a vision-language policy's VLConfig (None: a text model)
   processor: Any = None  # its VLProcessor (saved with the HF export)
+  lock: Any = None     # the workdir's lock.Lock, on process 0 (released by `close`)
   writer: Any = None
   progress: Any = None
   times: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
@@ -165,11 +172,25 @@ class Run:
           "resume", flush=True)
     return True
 
+  def close(self) -> None:
+    """End the run: progress bar, writers and checkpointer closed, then the workdir's lock
+    released (last: nothing of this run writes after it). Callers of `setup` call it."""
+    try:
+      if self.progress:
+        self.progress.close()
+      if self.writer:
+        self.writer.close()
+      self.ckpt.close()
+    finally:
+      self.release()
+
+  def release(self) -> None:
+    """Release the workdir's lock (idempotent; `train` calls it however the run ends)."""
+    if self.lock is not None:
+      self.lock.release()
+
   def close_stopped(self, state: TrainState) -> dict:
-    if self.progress:
-      self.progress.close()
-    self.writer.close()
-    self.ckpt.close()
+    self.close()
     return {"stopped": True, "step": state.step}
 
   def sft_end_state(self, state: TrainState) -> TrainState:
@@ -197,14 +218,17 @@ class Run:
 
 def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
   """Check the config (and, for an existing workdir, that it is the workdir's: its config.json,
-  `config_lib.check_resume`), build mesh, data, model and optimizers; restore the workdir's
-  newest complete checkpoint if there is one. Nothing is written before the checks pass."""
+  `config_lib.check_resume`, and that no other run holds its lock), build mesh, data, model
+  and optimizers; take the workdir's lock; restore the workdir's newest complete checkpoint if
+  there is one. Nothing is written before the checks pass. The run holds the lock until
+  `Run.close` (`stages.train` closes it however the run ends; other callers close it)."""
   config_lib.check_fields(cfg)  # before the objective and the mesh read the fields
   obj = objective_from_config(cfg)
   mesh = sharding.make_mesh(dict(cfg.mesh))
   check_config(cfg, obj, mesh)
   write_config = config_lib.check_resume(cfg, workdir, allow_config_change)
   eval_points.check_config(cfg)
+  lock_workdir(workdir, take=False)  # a run there now: refused before the model is built
   taskset = instances.taskset_from_config(cfg, task_keys(cfg))
   reward_cfg = domain.RewardConfig(**dict(cfg.rl.reward))
 
@@ -223,17 +247,30 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
     p_sh["log_z"] = jax.tree.map(lambda _: rep, params["log_z"])
   params = jax.tree.map(lambda x, s: dist.to_global(np.asarray(x), s), params, p_sh)
 
-  os.makedirs(workdir, exist_ok=True)  # every check passed: from here on the workdir is written
-  run = Run(cfg=cfg, workdir=workdir, obj=obj, mesh=mesh, taskset=taskset, reward_cfg=reward_cfg,
-            tok=tok, encoder=encoder, graphdef=graphdef, model_shape=model_build.shape(model), p_sh=p_sh,
-            o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
-            sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0,
-                                   **vision_optimizer_opts(cfg, "sft", vl_cfg),
-                                   lead=perception.lead(cfg)),
-            rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 0, cfg.rl.max_grad_norm,
-                                  **vision_optimizer_opts(cfg, "rl", vl_cfg)),
-            ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep),
-            vl_cfg=vl_cfg, processor=processor)
+  # Every check passed: from here on the workdir is written, under its lock.
+  lock = lock_workdir(workdir)
+  try:
+    run = Run(cfg=cfg, workdir=workdir, obj=obj, mesh=mesh, taskset=taskset, reward_cfg=reward_cfg,
+              tok=tok, encoder=encoder, graphdef=graphdef, model_shape=model_build.shape(model),
+              p_sh=p_sh, o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
+              sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0,
+                                     **vision_optimizer_opts(cfg, "sft", vl_cfg),
+                                     lead=perception.lead(cfg)),
+              rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 0, cfg.rl.max_grad_norm,
+                                    **vision_optimizer_opts(cfg, "rl", vl_cfg)),
+              ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep),
+              vl_cfg=vl_cfg, processor=processor, lock=lock)
+    return run, open_workdir(run, params, write_config)
+  except BaseException:
+    if lock is not None:
+      lock.release()
+    raise
+
+
+def open_workdir(run: Run, params, write_config: bool) -> TrainState:
+  """The run's state: the workdir's newest usable checkpoint restored (a fresh state without
+  one); config.json, the metrics writer and the progress bar."""
+  cfg, workdir = run.cfg, run.workdir
   latest = run.ckpt.usable_step(set_aside=dist.is_main())  # damaged newer steps: moved aside
   # The optimizer of the stage the run is in (a checkpoint at step sft.steps is SFT's; the
   # two can differ in structure when one stage freezes the vision tower).
@@ -258,7 +295,44 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
     from tqdm import tqdm
     run.progress = tqdm(total=cfg.sft.steps + cfg.rl.steps, initial=state.step, desc="train",
                         unit="step", dynamic_ncols=True)
-  return run, state
+  return state
+
+
+# ---------------------------------------------------------------------------
+# The workdir's lock (lock.py): process 0 holds it, for every process of the run.
+def lock_workdir(workdir: str, take: bool = True) -> lock_lib.Lock | None:
+  """Take workdir's lock for this run (take=False: only check that no other run holds it);
+  the Lock on process 0, None on the others. A refusal is a WorkdirLocked on every process
+  together, so that none waits in a collective the others have left."""
+  lock, why = None, None
+  if dist.is_main():
+    try:
+      lock = lock_lib.acquire(workdir) if take else lock_lib.check(workdir)
+    except lock_lib.LockHeld as e:
+      why = e
+  if dist.agree(why is not None):
+    raise WorkdirLocked(str(why) if why else f"{workdir}: process 0 could not use its lock "
+                        "(process 0's error names the holder)",
+                        lock_lib.lock_path(workdir), getattr(why, "holder", None))
+  if take and jax.process_count() > 1:
+    check_shared_lock(workdir, lock)
+  return lock
+
+
+def check_shared_lock(workdir: str, lock: lock_lib.Lock | None) -> None:
+  """Every process checks that the lock file holds process 0's token (broadcast): the lock
+  is this run's, in a workdir they all share. Any refusal is every process's."""
+  from jax.experimental import multihost_utils
+  words = np.frombuffer(bytes.fromhex(lock.token), np.uint32) if lock else np.zeros(2, np.uint32)
+  token = np.asarray(multihost_utils.broadcast_one_to_all(words), np.uint32).tobytes().hex()
+  seen = np.asarray(multihost_utils.process_allgather(np.int32(lock_lib.holds(workdir, token))))
+  if not seen.all():
+    if lock is not None:
+      lock.release()
+    blind = [int(i) for i in np.flatnonzero(seen.ravel() == 0)]
+    raise WorkdirLocked(f"processes {blind} do not find this run's lock (token {token}) in "
+                        f"{lock_lib.lock_path(workdir)}: every process must see the same workdir "
+                        "(a shared filesystem)", lock_lib.lock_path(workdir), None)
 
 
 # ---------------------------------------------------------------------------

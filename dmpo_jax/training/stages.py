@@ -40,9 +40,19 @@ from dmpo_jax.training.steps import micro_batches, update
 def train(cfg, workdir: str, allow_config_change=()) -> dict:
   """Run every stage; returns the results dict (also written to workdir/results.json), or
   {"stopped": True, "step": ...} when a signal or config.stop_at_step ended the run early.
-  allow_config_change: fields (of config_lib.SAFE_TO_CHANGE) a resume may change."""
+  allow_config_change: fields (of config_lib.SAFE_TO_CHANGE) a resume may change.
+  The workdir's lock (setup takes it; training/lock.py) is released however the run ends."""
   t_start = time.time()
   run, state = setup(cfg, workdir, allow_config_change)
+  try:
+    return run_stages(run, state, t_start)
+  finally:
+    run.release()
+
+
+def run_stages(run: Run, state: TrainState, t_start: float) -> dict:
+  """SFT, evaluation before RL, RL, `finish`: `train` after setup."""
+  cfg = run.cfg
   with ckpt_lib.StopSignal() as stop:
     if cfg.eval.zero_shot and cfg.sft.steps and state.step == 0:  # the initial policy
       run.timed("eval", evaluation.held_out, run, "zero_shot", state)
@@ -137,6 +147,11 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
     dph_images = dph_image_fn(run, store)
   total = cfg.sft.steps + cfg.rl.steps
   if state.step >= total:
+    # Resumed at the end (a run killed after its last checkpoint, or one whose last point
+    # file went missing): the point due at this step is computed before the run finishes.
+    if cfg.eval.points and not dist.agree(end_point_done(run, state)):
+      state, _, points = start_policies(run, state)
+      points.maybe(state)
     return state, False
   every = term_grads_every(cfg)
   rl_update, rl_update_terms = (
@@ -145,13 +160,8 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
                          micro_batches=micro_batches(cfg, obj, run.mesh), term_grads=terms,
                          **run.vision_opts("rl"))
       for terms in (False, True))
-  if presets.needs_reference(obj):
-    state = dataclasses.replace(state, reference=reference_policy(run.ckpt, state, cfg.sft.steps))
-  reference = state.reference
+  state, reference, points = start_policies(run, state)
   ref_fn = (lambda seqs: logprob_eval(reference, seqs)) if reference is not None else None
-  # Evaluation points along RL (config.eval.points): they read the policy at the start of RL.
-  points = eval_points.Points(run, reference if reference is not None or not cfg.eval.points else
-                              reference_policy(run.ckpt, state, cfg.sft.steps))
   points.maybe(state)
   consecutive, first_rl = 0, state.step
   traces0 = {k: steps.TRACES[k] for k in ("rl_update", "rl_update_terms")}
@@ -192,12 +202,36 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
       run.log(state, "rl", row, total, {"stage": f"rl/{obj.policy_loss}",
                                         "reward": f"{row['reward_mean']:.3f}",
                                         "qr": f"{row['qr_mean']:.3f}", "distinct": f"{row['distinct']:.2f}"})
+      # The point first, then the checkpoint: a checkpoint never exists whose due point is
+      # missing (a kill in between redoes the step, and the point file is found done).
+      points.maybe(state)
       if state.step % cfg.checkpoint.every == 0 or state.step == total:
         run.save(state, "rl")
-      points.maybe(state)
       if run.maybe_stop(state, "rl", stop):
         return state, True
   return state, False
+
+
+def start_policies(run: Run, state: TrainState):
+  """(state, reference, points): the reference policy of objectives that read one (set on
+  the state), and the evaluation points along RL (config.eval.points), which read the policy
+  at the start of RL (the reference item, saved once when RL starts)."""
+  cfg = run.cfg
+  if presets.needs_reference(run.obj):
+    state = dataclasses.replace(state, reference=reference_policy(run.ckpt, state, cfg.sft.steps))
+  reference = state.reference
+  points = eval_points.Points(run, reference if reference is not None or not cfg.eval.points else
+                              reference_policy(run.ckpt, state, cfg.sft.steps))
+  return state, reference, points
+
+
+def end_point_done(run: Run, state: TrainState) -> bool:
+  """Whether a run resumed at (or past) its last step has the evaluation point due there: True
+  when none is due or its file is done at this run's settings."""
+  rl_step = state.step - run.cfg.sft.steps
+  if rl_step not in eval_points.point_steps(run.cfg.rl.steps, run.cfg.eval.points):
+    return True
+  return eval_points.Points(run, None).done(rl_step)
 
 
 def shaping_state(state: TrainState, obj: presets.ObjectiveConfig) -> dict | None:
@@ -282,6 +316,7 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
       report.plot_or_warn(report.plot_before_after, before, after,
                           os.path.join(run.workdir, "before_after.png"))
   run.ckpt.close()
+  run.release()  # the workdir is complete: nothing below writes to it
   table = evaluation.format_table(after, before)
   if not dist.is_main():
     return results

@@ -320,7 +320,8 @@ def test_merge_moves_finished_runs_and_refuses_clashes(tmp_path):
 
   def folder(d, seeds, finished, session):
     report.write_json({"labels": list(settings), "seeds": seeds, "settings": settings,
-                       "sessions": [{"commit": session}]}, str(d / "sweep.json"))
+                       "config": {"rl": {"lr": 3e-4}}, "sessions": [{"commit": session}]},
+                      str(d / "sweep.json"))
     for label, seed in finished:
       report.write_json({"wall_s": 1.0}, str(d / label / f"seed{seed}" / "results.json"))
     for seed in seeds:
@@ -359,3 +360,208 @@ def test_gradient_ratio_is_reported_as_a_ratio_of_mean_norms_too(tmp_path):
   assert g["grad_ratio"]["mean"] == pytest.approx(1 / 3)
   assert g["ratio_of_means"]["mean"] == pytest.approx(0.25)
   assert "ratio_of_means" in open(os.path.join(out, "report.md")).read()
+
+
+# ---------------------------------------------------------------------------
+# Evaluation points: a run with a missing one is incomplete, never analysed, and rerun.
+class PointsTrainer:
+  """Stands in for train.train where points and checkpoints matter: writes config.json, metrics
+  rows through the real MetricsWriter (cut back on resume as the trainer's), each due point
+  before the checkpoint of its step (and the one due at the resume step, as the trainer's
+  start of RL and its end do), checkpoint folders every 2 steps and at the ends of SFT and
+  RL, results.json; resumes from its newest checkpoint folder. Records (run, resume step)."""
+
+  def __init__(self):
+    self.calls = []
+
+  def point(self, cfg, wd, step):
+    from dmpo_jax.training import points
+    rl = step - cfg.sft.steps
+    path = os.path.join(wd, points.DIR, f"rl{rl}.json")
+    if rl in points.point_steps(cfg.rl.steps, cfg.eval.points) and not os.path.exists(path):
+      v = {"kl_k1": 0.01 * rl + cfg.seed + (cfg.rl.algo == "dmpo"), "pass_optimal@1": 0.1 * rl}
+      report.write_json({"rl_step": rl, "sets": {"held_out": {"overall_instance": v, "overall": v,
+                                                              "per_task": {}}}}, path)
+
+  def __call__(self, cfg, wd):
+    from dmpo_jax.training import config as config_lib
+    steps = sweep.checkpoint_steps(wd)
+    start = max(steps, default=0)
+    self.calls.append((os.path.relpath(wd, os.path.dirname(os.path.dirname(wd))), start))
+    report.write_json(config_lib.config_json(cfg), os.path.join(wd, "config.json"))
+    writer = report.MetricsWriter(wd, False, resume_step=start if steps else None)
+    sft, total = cfg.sft.steps, cfg.sft.steps + cfg.rl.steps
+    end = cfg.stop_at_step if cfg.stop_at_step >= 0 else total
+    if start >= sft:
+      self.point(cfg, wd, start)
+    for step in range(start + 1, end + 1):
+      writer.write(step, "sft" if step <= sft else "rl", {"x": step + 10 * cfg.seed})
+      if step == sft:
+        report.write_json({"overall": {"SR_mean": 0.1}}, os.path.join(wd, "eval_before.json"))
+      if step >= sft:
+        self.point(cfg, wd, step)
+      if step % 2 == 0 or step in (sft, total):
+        os.makedirs(os.path.join(wd, "checkpoints", str(step)))
+    if end < total:
+      return {"stopped": True, "step": end}
+    report.write_json({"overall": {"SR_mean": 0.2}}, os.path.join(wd, "eval_after.json"))
+    report.write_json({"after": {"overall": {"SR_mean": 0.2}}, "steps": {"sft": sft, "rl": cfg.rl.steps},
+                       "wall_s": 1.0}, os.path.join(wd, "results.json"))
+    return {}
+
+
+def snapshot(wd):
+  """A run folder's metrics rows and point files, to compare with a rerun's."""
+  pts = {f: report.read_json(os.path.join(wd, "points", f)) for f in sorted(os.listdir(os.path.join(wd, "points")))}
+  return rows(wd), pts
+
+
+def test_a_missing_point_makes_a_run_incomplete_and_the_rerun_computes_it(tmp_path):
+  out = str(tmp_path / "sweep")
+  runs = sweep.plan(base(), ["grpo", "dmpo"], [0], {"eval.points": 4}, log=lambda m: None)
+  sweep.run_sweep(runs, out, train_fn=PointsTrainer(), progress=False, log=lambda m: None)
+  wd = lambda label: os.path.join(out, label, "seed0")
+  whole = {l: snapshot(wd(l)) for l in ("grpo", "dmpo")}
+  assert sorted(whole["grpo"][1]) == ["rl0.json", "rl1.json", "rl2.json", "rl3.json"]
+  assert sweep_report.write_report(out, plots=False)["runs"]["grpo/seed0"]["status"] == "finished"
+
+  # The issue's folder: killed after checkpoint 6, before points/rl3.json; an older trainer's
+  # rerun then wrote results.json without the point.
+  os.remove(os.path.join(wd("grpo"), "points", "rl3.json"))
+  assert not sweep.is_finished(wd("grpo")) and sweep.is_finished(wd("dmpo"))
+  rep = sweep_report.write_report(out, plots=False)
+  assert rep["runs"]["grpo/seed0"]["status"] == "incomplete"
+  assert rep["runs"]["grpo/seed0"]["missing_points"] == [3]
+  assert "grpo" not in rep["final"] and "dmpo" in rep["final"] and rep["paired"] == {}
+  md = open(os.path.join(out, "report.md")).read()
+  assert "| grpo/seed0 | incomplete: no evaluation point at RL step 3 |" in md and "Partial sweep" in md
+  per_seed = {r["label"]: r for r in csv_rows(os.path.join(out, "per_seed.csv"))}
+  assert (per_seed["grpo"]["status"], per_seed["grpo"]["missing_points"]) == ("incomplete", "3")
+  assert per_seed["grpo"]["point_rl_step"] == "2" and per_seed["grpo"].get("final_SR_mean", "") == ""
+  assert {r["label"] for r in csv_rows(os.path.join(out, "points.csv"))} == {"dmpo"}  # not analysed
+  assert "grpo/seed0 (incomplete: no evaluation point at RL step 3)" in open(
+      os.path.join(out, "frontier.md")).read()
+
+  # The rerun resumes at checkpoint 6 (results.json and eval_after.json moved aside) and
+  # computes the point; dmpo is skipped.
+  fake = PointsTrainer()
+  st = sweep.run_sweep(runs, out, train_fn=fake, progress=False, log=lambda m: None)
+  assert st["done"] == ["grpo/seed0"] and st["skipped"] == ["dmpo/seed0"]
+  assert fake.calls == [("grpo/seed0", 6)]
+  aside = os.path.join(wd("grpo"), "superseded", "1")
+  assert sorted(os.listdir(aside)) == ["eval_after.json", "metrics.jsonl", "results.json", "why.txt"]
+  assert snapshot(wd("grpo")) == whole["grpo"]
+  rep = sweep_report.write_report(out, plots=False)
+  assert rep["runs"]["grpo/seed0"]["status"] == "finished" and "grpo" in rep["final"]
+
+  # A point in the middle: back to checkpoint 4 (steps 5, 6 redone; metrics cut back to 4).
+  os.remove(os.path.join(wd("dmpo"), "points", "rl1.json"))
+  fake = PointsTrainer()
+  sweep.run_sweep(runs, out, train_fn=fake, progress=False, log=lambda m: None)
+  assert fake.calls == [("dmpo/seed0", 4)]
+  aside = os.path.join(wd("dmpo"), "superseded", "1")
+  assert sorted(os.listdir(os.path.join(aside, "checkpoints"))) == ["6"]
+  assert sorted(os.listdir(os.path.join(aside, "points"))) == ["rl2.json", "rl3.json"]
+  assert os.path.exists(os.path.join(aside, "results.json"))
+  assert [r["step"] for r in rows(os.path.join(aside))] == [1, 2, 3, 4, 5, 6]  # the copy, whole
+  assert snapshot(wd("dmpo")) == whole["dmpo"]
+
+  # No checkpoint at or before the missing point: everything but config.json moves aside and
+  # the run starts again from the seed's shared SFT stage.
+  os.remove(os.path.join(wd("grpo"), "points", "rl1.json"))
+  for step in ("3", "4"):
+    os.rename(os.path.join(wd("grpo"), "checkpoints", step), os.path.join(str(tmp_path), step))
+  fake = PointsTrainer()
+  sweep.run_sweep(runs, out, train_fn=fake, progress=False, log=lambda m: None)
+  assert fake.calls == [("grpo/seed0", 3)]
+  aside = os.path.join(wd("grpo"), "superseded", "2")
+  assert {"checkpoints", "metrics.jsonl", "points", "results.json", "eval_before.json"} <= set(os.listdir(aside))
+  assert snapshot(wd("grpo")) == whole["grpo"]
+  assert sweep_report.write_report(out, plots=False)["runs"]["grpo/seed0"]["status"] == "finished"
+
+
+def test_an_unshared_run_without_a_checkpoint_before_its_missing_point_starts_again(tmp_path):
+  out = str(tmp_path)
+  runs = sweep.plan(base(), ["grpo"], [1], {"eval.points": 4}, share=False, log=lambda m: None)
+  sweep.run_sweep(runs, out, train_fn=PointsTrainer(), progress=False, log=lambda m: None)
+  wd = os.path.join(out, "grpo", "seed1")
+  whole = snapshot(wd)
+  os.remove(os.path.join(wd, "points", "rl0.json"))
+  for step in ("2", "3"):  # checkpoints at 2 (SFT) and 3 (its end) gone: 4 and 6 are past RL step 0
+    os.rename(os.path.join(wd, "checkpoints", step), os.path.join(out, step))
+  from dmpo_jax.training import lock as lock_lib
+  held = sorted(os.listdir(wd))
+  with lock_lib.acquire(wd):  # another run trains it: nothing moves
+    with pytest.raises(lock_lib.LockHeld):
+      sweep.rewind(wd)
+    assert sorted(os.listdir(wd)) == sorted(held + [lock_lib.LOCK_FILE])
+  fake = PointsTrainer()
+  sweep.run_sweep(runs, out, train_fn=fake, progress=False, log=lambda m: None)
+  assert fake.calls == [("grpo/seed1", 0)]  # from scratch
+  assert not os.path.exists(os.path.join(out, "_sft"))
+  assert snapshot(wd) == whole
+
+
+def csv_rows(path):
+  import csv
+  with open(path) as f:
+    return list(csv.DictReader(f))
+
+
+def merge_folder(d, sets, finished, seeds, labels=("grpo",)):
+  """A sweep folder as the CLI leaves it: sweep.json (its base config after `sets`), finished
+  runs with results.json, the seeds' SFT stages."""
+  cfg = sweep.apply_overrides(base(), sets, "--set")
+  runs = sweep.plan(base(), list(labels), seeds, sets, log=lambda m: None)
+  from dmpo_jax.training import config as config_lib
+  d.mkdir(parents=True, exist_ok=True)
+  sweep.write_manifest(str(d), {"set": sets}, runs, [{"commit": str(d)}], config_lib.config_json(cfg))
+  for label, seed in finished:
+    report.write_json({"wall_s": 1.0}, str(d / label / f"seed{seed}" / "results.json"))
+  for seed in seeds:
+    (d / "_sft" / f"seed{seed}").mkdir(parents=True)
+
+
+def test_merge_refuses_another_config_and_moves_nothing(tmp_path, capsys):
+  a, b = tmp_path / "a", tmp_path / "b"
+  merge_folder(a, {}, [("grpo", 0)], [0])
+  merge_folder(b, {"rl.lr": 0.01, "tasks": "TSP"}, [("grpo", 1)], [1])
+  before = open(a / "sweep.json").read()
+  with pytest.raises(sweep.SweepError) as e:
+    sweep.merge(str(a), str(b))
+  msg = str(e.value)
+  assert "rl.lr: 0.0003 vs 0.01" in msg and "tasks: 'GCP-D,maximum-set,maximum_clique_problem,subset-sum' vs 'TSP'" in msg
+  assert "2 field(s) differ" in msg and "\n" not in msg
+  assert (b / "grpo" / "seed1" / "results.json").exists() and (b / "_sft" / "seed1").is_dir()
+  assert not (a / "grpo" / "seed1").exists() and not (a / "_sft" / "seed1").exists()
+  assert open(a / "sweep.json").read() == before
+  assert sweep.main([f"--out={a}", f"--merge_from={b}"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: --merge_from:") and err.count("\n") == 1
+  assert not (a / "grpo" / "seed1").exists() and open(a / "sweep.json").read() == before
+
+
+def test_merge_allows_fields_that_do_not_change_a_run(tmp_path):
+  """A field of SAFE_TO_CHANGE, and a base field that every label of theirs sets, may differ."""
+  a, b = tmp_path / "a", tmp_path / "b"
+  merge_folder(a, {}, [("grpo", 0)], [0])
+  merge_folder(b, {"rl.lr": 0.01, "log.every": 5}, [("grpo-lr0.0001", 1)], [1], labels=("grpo-lr0.0001",))
+  assert sweep.merge(str(a), str(b)) == ["grpo-lr0.0001/seed1"]
+  assert (a / "_sft" / "seed1").is_dir()
+  # the same base difference with a label that keeps the base's rl.lr is refused
+  merge_folder(tmp_path / "c", {"rl.lr": 0.01}, [("grpo", 2)], [2])
+  with pytest.raises(sweep.SweepError, match=r"rl.lr: 0.0003 vs 0.01\)"):
+    sweep.merge(str(a), str(tmp_path / "c"))
+
+
+def test_merge_from_a_missing_or_non_sweep_folder_is_one_line(tmp_path, capsys):
+  a = tmp_path / "a"
+  merge_folder(a, {}, [("grpo", 0)], [0])
+  (tmp_path / "plain").mkdir()
+  for other, why in ((tmp_path / "nope", "no such folder"), (tmp_path / "plain", "not a sweep folder")):
+    assert sweep.main([f"--out={a}", f"--merge_from={other}"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --merge_from={other}: {why}" + (" (no sweep.json)\n" if "sweep" in why else "\n")
+  assert sweep.main([f"--out={tmp_path / 'none'}", f"--merge_from={a}"]) == 2
+  assert capsys.readouterr().err == f"error: --out={tmp_path / 'none'}: no such folder\n"
+  assert (a / "grpo" / "seed0" / "results.json").exists()

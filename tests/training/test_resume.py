@@ -1,7 +1,10 @@
 """Resume drills: every preset, stopped at the end of SFT and again mid-RL and resumed in this
 process, ends bit-identical to an uninterrupted run (params, optimizer state, every logged
-metric but timings)."""
+metric but timings); a run killed between its last checkpoint and its last evaluation point
+ends with every point an uninterrupted run has."""
 
+import os
+import shutil
 
 import jax
 import numpy as np
@@ -53,3 +56,51 @@ def test_resume_mid_rl_is_bit_identical(algo, tmp_path):
     m.close()
   assert shaping[0] == shaping[1]
   assert (shaping[0] is not None) == presets.needs_host_state(presets.objective_config(algo))
+
+
+POINTS = {"sft.steps": 3, "rl.steps": 3, "eval.points": 4, "checkpoint.every": 2, "checkpoint.export_hf": False,
+          "log.plots": False, "tasks": "subset-sum,knapsack", "eval.num_per_task": 2}
+
+
+def run_files(workdir) -> dict:
+  """The point files, the evaluation after RL and the metrics rows (timings aside) of a run."""
+  from dmpo_jax.training import report
+  pts = workdir / "points"
+  return {"points": {f: report.read_json(str(pts / f)) for f in sorted(os.listdir(pts))},
+          "after": report.read_json(str(workdir / "eval_after.json")), "rows": metric_rows(workdir)}
+
+
+@pytest.mark.slow
+def test_a_run_killed_between_its_last_checkpoint_and_its_last_point_ends_with_every_point(tmp_path, monkeypatch):
+  """The point of a step is written before its checkpoint, so a fault in the last point
+  leaves no checkpoint past the last complete point; and a run resumed at its end whose last
+  point file is missing (a kill under the older order) computes it. Both end with the point
+  files, the evaluation after RL and the metrics of an uninterrupted run."""
+  from dmpo_jax.training import points as eval_points
+  a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+  cfg = lambda: smoke("smoke,algo=dmpo", **POINTS)  # dmpo moves the policy at reward 0: points differ
+  stages.train(cfg(), str(a))
+  want = run_files(a)
+  assert sorted(want["points"]) == ["rl0.json", "rl1.json", "rl2.json", "rl3.json"]
+  assert want["points"]["rl3.json"]["sets"]["held_out"]["overall"]["kl_k1"] != 0.0
+
+  evaluate = eval_points.Points.evaluate
+  def fault(self, state, rl_step):
+    if rl_step == 3:
+      raise RuntimeError("killed in the last point")
+    return evaluate(self, state, rl_step)
+  monkeypatch.setattr(eval_points.Points, "evaluate", fault)
+  with pytest.raises(RuntimeError, match="killed in the last point"):
+    stages.train(cfg(), str(b))
+  monkeypatch.setattr(eval_points.Points, "evaluate", evaluate)
+  ck = ckpt_lib.Checkpointer(str(b / "checkpoints"), keep=2)
+  assert ck.mngr.all_steps() == [3, 4]  # not 6: its point was not written
+  ck.close()
+  stages.train(cfg(), str(b))  # resumes at 4, redoes 5 and 6
+  assert run_files(b) == want
+
+  shutil.copytree(a, c)  # the issue's folder: checkpoint 6, no rl3.json, no results yet
+  for f in ("points/rl3.json", "results.json", "eval_after.json"):
+    os.remove(c / f)
+  stages.train(cfg(), str(c))  # resumes at 6: rl_stage computes the point before returning
+  assert run_files(c) == want
