@@ -29,6 +29,7 @@ def get_config(arg: str | None = None):
   c.prompt_style = "compact"  # "compact" (from-scratch models) or "npbench"
   c.chat_template = False     # wrap npbench prompts in the tokenizer's chat template
   c.stop_at_step = -1         # >= 0: save and exit after this global step (preemption drills, tests)
+  c.check_memory = True       # refuse a run whose memory estimate exceeds a device (training/memory.py)
 
   c.model = config_dict.ConfigDict(dict(
       init="scratch",          # "scratch" or a local Hugging Face folder

@@ -13,7 +13,8 @@ step, PRNG key, counters; the data position is the step, since data is a
 pure function of (seed, step)) and, for objectives that read one, the
 reference policy; finished evaluations and the DPH store are files.
 SIGINT/SIGTERM save a checkpoint and exit cleanly.
-The config is checked before anything is built or written, and a rerun must
+The config is checked before anything is built or written (the memory estimate
+of training/memory.py included; --dry_run runs the same checks), and a rerun must
 match the workdir's config.json (training/config.py; --allow_config_change for
 logging and checkpoint cadence); bad input is one line and exit status 2.
 
@@ -30,11 +31,13 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from dmpo_jax.parallel import distributed as dist
+from dmpo_jax.parallel import sharding
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
+from dmpo_jax.training import points as eval_points
 from dmpo_jax.data import instances
 from dmpo_jax.training.config import ConfigError, task_keys
-from dmpo_jax.training.run import TrainingError
+from dmpo_jax.training.run import TrainingError, objective_from_config
 from dmpo_jax.training.stages import train
 
 FLAGS = flags.FLAGS
@@ -56,7 +59,8 @@ def define_flags(fv=FLAGS, argv=None):
                        flag_values=fv)
   flags.DEFINE_integer("process_id", None, "multi-process: this process's index (or JAX_PROCESS_ID)",
                        flag_values=fv)
-  flags.DEFINE_bool("dry_run", False, "write workdir/instances.json (every SFT, RL and evaluation "
+  flags.DEFINE_bool("dry_run", False, "check the config as training does (memory estimate "
+                    "included), write workdir/instances.json (every SFT, RL and evaluation "
                     "instance, in order) and stop, without building a model", flag_values=fv)
 
 
@@ -84,6 +88,15 @@ def parse_flags(argv, fv=FLAGS):
     fail(ConfigError(config_lib.flag_error(e, argv)), "--verbose" in argv)
 
 
+def check(cfg) -> None:
+  """The config checks `training.run.setup` runs before it builds or writes anything (field
+  types and ranges, the rules between fields, the memory estimate, the evaluation points):
+  what --dry_run runs before it writes instances.json."""
+  config_lib.check_fields(cfg)  # before the objective and the mesh read the fields
+  config_lib.check_config(cfg, objective_from_config(cfg), sharding.make_mesh(dict(cfg.mesh)))
+  eval_points.check_config(cfg)
+
+
 def main(argv, fv=FLAGS):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -95,6 +108,7 @@ def main(argv, fv=FLAGS):
     logging.set_verbosity(logging.WARNING)
   try:
     if fv.dry_run:
+      check(fv.config)
       print(instances.summary(instances.write(fv.config, fv.workdir, task_keys(fv.config))))
       return
   except BAD_INPUT as e:

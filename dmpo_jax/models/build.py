@@ -28,15 +28,8 @@ def build(cfg):
   if m.init == "scratch" and m.get("vision"):
     return build_vlm(cfg)
   if m.init == "scratch":
-    tok = tok_lib.load(m.tokenizer) if m.tokenizer else tok_lib.build()
-    vocab = -(-len(tok) // 8) * 8
-    mcfg = ModelConfig(vocab_size=vocab, hidden_size=m.hidden_size,
-                       intermediate_size=m.intermediate_size, num_layers=m.num_layers,
-                       num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
-                       rope_theta=m.rope_theta, dtype=m.dtype, param_dtype=m.param_dtype,
-                       max_position_embeddings=m.max_prompt_len + m.max_new_tokens,
-                       architecture="llama", remat=m.remat)
-    return Transformer(mcfg, rngs=nnx.Rngs(cfg.seed)), tok
+    tok = scratch_tokenizer(cfg)
+    return Transformer(scratch_config(cfg, tok), rngs=nnx.Rngs(cfg.seed)), tok
   model, tok = hf.load(m.init, dtype=m.dtype, param_dtype=m.param_dtype)
   if m.tokenizer and not is_vlm(model):
     tok = tok_lib.load(m.tokenizer)
@@ -47,6 +40,23 @@ def build(cfg):
   elif m.remat:
     model.cfg = model.cfg.replace(remat=True)  # read when the forward is traced
   return model, tok
+
+
+def scratch_tokenizer(cfg):
+  """A from-scratch text model's tokenizer: config.model.tokenizer's folder, else the task's."""
+  return tok_lib.load(cfg.model.tokenizer) if cfg.model.tokenizer else tok_lib.build()
+
+
+def scratch_config(cfg, tok) -> ModelConfig:
+  """A from-scratch text model's ModelConfig: config.model's sizes, the vocabulary of `tok`
+  rounded up to a multiple of 8 (also what parallel/plan.py sizes a run's memory by)."""
+  m = cfg.model
+  return ModelConfig(vocab_size=-(-len(tok) // 8) * 8, hidden_size=m.hidden_size,
+                     intermediate_size=m.intermediate_size, num_layers=m.num_layers,
+                     num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
+                     rope_theta=m.rope_theta, dtype=m.dtype, param_dtype=m.param_dtype,
+                     max_position_embeddings=m.max_prompt_len + m.max_new_tokens,
+                     architecture="llama", remat=m.remat)
 
 
 def shape(model) -> dict:

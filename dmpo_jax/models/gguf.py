@@ -45,7 +45,7 @@ PRE_TOKENIZERS = {"default": None, "gpt2": None, "smollm": None,
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values
 
 
-def _reader(path: str):
+def open_reader(path: str):
   """A gguf.GGUFReader that first checks every tensor's bytes lie inside the file, so a
   truncated file is refused naming the first tensor it cuts."""
   import gguf
@@ -191,7 +191,7 @@ def _dequantize(tensor, path: str) -> np.ndarray:
   return np.asarray(value, np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
 
 
-def _shapes(reader) -> dict[str, tuple[int, ...]]:
+def tensor_shapes(reader) -> dict[str, tuple[int, ...]]:
   return {t.name: tuple(int(d) for d in reversed(t.shape)) for t in reader.tensors}
 
 
@@ -219,6 +219,22 @@ def bytes_to_unicode() -> dict[int, str]:
       table[b] = chr(256 + extra)
       extra += 1
   return table
+
+
+def bpe_merges(merges, vocab: dict[str, int], where: str) -> list[tuple[str, str]]:
+  """tokenizer.ggml.merges as (left, right) pairs; a merge that is not two tokens, or whose
+  parts or result are not in the vocabulary (which the BPE model refuses), is named."""
+  out = []
+  for i, m in enumerate(merges):
+    pair = m.split(" ")
+    if len(pair) != 2:
+      raise CheckpointError(f"{where}: tokenizer.ggml.merges holds {m!r}, not two tokens")
+    missing = [t for t in (*pair, "".join(pair)) if t not in vocab]
+    if missing:
+      raise CheckpointError(f"{where}: tokenizer.ggml.merges[{i}] = {m!r} names token "
+                            f"{missing[0]!r}, which is not in tokenizer.ggml.tokens")
+    out.append(tuple(pair))
+  return out
 
 
 def tokenizer_from_gguf(meta: dict[str, Any], where: str):
@@ -249,13 +265,12 @@ def tokenizer_from_gguf(meta: dict[str, Any], where: str):
   vocab = {}
   for i, t in enumerate(tokens):
     vocab[t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8"))] = i
-  merges = []
-  for m in meta["tokenizer.ggml.merges"]:
-    pair = m.split(" ")
-    if len(pair) != 2:
-      raise CheckpointError(f"{where}: tokenizer.ggml.merges holds {m!r}, not two tokens")
-    merges.append(tuple(pair))
-  tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+  merges = bpe_merges(meta["tokenizer.ggml.merges"], vocab, where)
+  try:
+    tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+  except Exception as e:  # tokenizers raises a bare Exception; bpe_merges checks what it knows
+    raise CheckpointError(f"{where}: the BPE tokenizer of tokenizer.ggml.tokens and "
+                          f"tokenizer.ggml.merges is refused: {' '.join(str(e).split())}") from e
   split = PRE_TOKENIZERS[pre]
   if split is None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -289,9 +304,9 @@ class GGUFCheckpoint:
 
   def __init__(self, path: str, *, dtype: str = "float32", param_dtype: str | None = None):
     self.path = path
-    self.reader = _reader(path)
+    self.reader = open_reader(path)
     self.meta = metadata(self.reader)
-    self.cfg = config_from_gguf(self.meta, _shapes(self.reader), path, dtype=dtype,
+    self.cfg = config_from_gguf(self.meta, tensor_shapes(self.reader), path, dtype=dtype,
                                 param_dtype=param_dtype)
     for t in self.reader.tensors:  # refuse an unsupported type before any work
       if t.tensor_type.name not in TENSOR_TYPES:

@@ -53,18 +53,34 @@ def load(path: str, *, dtype: str = "float32", param_dtype: str | None = None):
     raise CheckpointError(f"{path} is a file: pass a checkpoint folder or a .gguf file")
   if not os.path.isdir(path):
     raise CheckpointError(f"checkpoint folder {path!r} does not exist")
+  if read_json(os.path.join(path, "config.json")).get("model_type") == qwen2_5_vl.MODEL_TYPE:
+    return qwen2_5_vl.load(path, dtype=dtype, param_dtype=param_dtype)  # (model, VLProcessor)
+  model = load_params(path, model_config(path, dtype=dtype, param_dtype=param_dtype))
+  return model, load_tokenizer(path)
+
+
+def model_config(path: str, *, dtype: str = "float32", param_dtype: str | None = None):
+  """The ModelConfig (a Qwen2.5-VL folder: VLConfig) of a checkpoint, from its config.json
+  or GGUF header alone: no weights are read (what parallel/plan.py sizes a run by)."""
+  gguf_file = _gguf_file(path)
+  if gguf_file is not None:
+    reader = gguf.open_reader(gguf_file)
+    return gguf.config_from_gguf(gguf.metadata(reader), gguf.tensor_shapes(reader), gguf_file,
+                                 dtype=dtype, param_dtype=param_dtype)
+  if os.path.isfile(path):
+    raise CheckpointError(f"{path} is a file: pass a checkpoint folder or a .gguf file")
+  if not os.path.isdir(path):
+    raise CheckpointError(f"checkpoint folder {path!r} does not exist")
   cfg_file = os.path.join(path, "config.json")
   hf_cfg = read_json(cfg_file)
-  if hf_cfg.get("model_type") == qwen2_5_vl.MODEL_TYPE:  # vision-language: (model, VLProcessor)
-    return qwen2_5_vl.load(path, dtype=dtype, param_dtype=param_dtype)
   try:
-    cfg = config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype)
+    if hf_cfg.get("model_type") == qwen2_5_vl.MODEL_TYPE:
+      return qwen2_5_vl.config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype)
+    return config_from_hf(hf_cfg, dtype=dtype, param_dtype=param_dtype)
   except KeyError as e:
     raise CheckpointError(f"{cfg_file} lacks the field {e.args[0]!r}") from e
   except (TypeError, ValueError) as e:  # CheckpointError included: say which file
     raise CheckpointError(f"{cfg_file}: {e}") from e
-  model = load_params(path, cfg)
-  return model, load_tokenizer(path)
 
 
 def _gguf_file(path: str) -> str | None:

@@ -7,7 +7,6 @@ model of a vision-language folder); imports no other loader.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -17,7 +16,7 @@ from flax import nnx
 
 from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.models.transformer import Transformer
-from dmpo_jax.models.weights import CheckpointError, load_into
+from dmpo_jax.models.weights import CheckpointError, load_into, read_json
 
 SUPPORTED = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
              "qwen3": "Qwen3ForCausalLM"}
@@ -173,24 +172,33 @@ def params_from_tensors(cfg: ModelConfig, read, available, where: str, *,
                    ignore=ignore)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+# The tokenizer files that are JSON objects: read here first, so that a damaged one is named
+# (transformers' own error names no file).
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                  "added_tokens.json", "vocab.json")
+
+
 def load_tokenizer(path: str):
-  """The folder's tokenizer through transformers.AutoTokenizer, or None if it has none."""
-  has_tok = any(os.path.exists(os.path.join(path, f))
-                for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json",
-                          "tokenizer.model"))
-  if not has_tok:
+  """The folder's tokenizer through transformers.AutoTokenizer, or None if it has none. A
+  file that cannot be read, or a tokenizer transformers refuses, is a CheckpointError naming
+  the file or the folder."""
+  if not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
     return None
   from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+  files = {f: read_json(os.path.join(path, f), "tokenizer file")
+           for f in TOKENIZER_JSON if os.path.exists(os.path.join(path, f))}
   # A generic tokenizer.json (our task tokenizer) must not be re-read as the
   # model family's own class, which AutoTokenizer picks from config.json.
-  tok_cfg = os.path.join(path, "tokenizer_config.json")
-  if os.path.exists(tok_cfg):
-    with open(tok_cfg) as f:
-      declared = json.load(f).get("tokenizer_class")
-    if declared in ("PreTrainedTokenizerFast", "TokenizersBackend"):
-      return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
-  return AutoTokenizer.from_pretrained(path, local_files_only=True)
+  declared = files.get("tokenizer_config.json", {}).get("tokenizer_class")
+  generic = declared in ("PreTrainedTokenizerFast", "TokenizersBackend")
+  try:
+    return (PreTrainedTokenizerFast if generic else AutoTokenizer).from_pretrained(
+        path, local_files_only=True)
+  except Exception as e:  # tokenizers / transformers raise assorted types, naming no file
+    raise CheckpointError(f"cannot load the tokenizer in {path}: {type(e).__name__}: "
+                          f"{' '.join(str(e).split())}") from e
 
 
 def hf_tensors(model: Transformer) -> dict[str, jax.Array]:

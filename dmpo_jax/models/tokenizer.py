@@ -58,6 +58,13 @@ def build(path: str | None = None, *, vision: bool = False):
 
 
 def load(path: str):
-  """Load a saved task tokenizer (or any HF tokenizer folder)."""
-  from dmpo_jax.models.hf_text import load_tokenizer
-  return load_tokenizer(path)
+  """Load a saved task tokenizer (or any HF tokenizer folder); a folder without one, or a
+  damaged one, is a CheckpointError naming it."""
+  from dmpo_jax.models.hf_text import TOKENIZER_FILES, load_tokenizer
+  from dmpo_jax.models.weights import CheckpointError
+  if not os.path.isdir(path):
+    raise CheckpointError(f"tokenizer folder {path!r} does not exist")
+  tok = load_tokenizer(path)
+  if tok is None:
+    raise CheckpointError(f"{path} has no tokenizer file (one of {', '.join(TOKENIZER_FILES)})")
+  return tok

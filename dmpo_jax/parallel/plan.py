@@ -9,7 +9,10 @@ Parameters and optimizer state are exact: the model is built abstractly
 axes its logical names map to (the same rules and divisibility fallback as
 training). Activations and the KV cache are estimates from the shapes
 (stated in `activation_note`). A plan that does not fit is refused with the
-numbers that do not fit (exit status 1).
+numbers that do not fit (exit status 1). The trainer plans every stage of a
+config the same way before it builds anything (training/memory.py): an RL
+update's `extra_rows` (DPH-RL's stored responses) and a `reference` policy
+(a second copy of the params) are part of the workload.
 
 A Qwen2.5-VL model (`VL_MODELS`, or a config whose checkpoint is one) adds its
 vision tower: parameters and AdamW state exact like the text model's (the
@@ -24,6 +27,7 @@ params a zero update and no moments).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 import types
@@ -86,6 +90,8 @@ class Workload:
   backend: str = "gpu"       # 'cpu' | 'gpu' | 'tpu': picks the attention core and log-prob chunking
   patch_budget: int = 1024   # VL: image patches per prompt (before the merge; config.image.patch_budget)
   train_vision: bool = False  # VL: the tower is trained (rl.freeze_vision = False)
+  extra_rows: int = 0        # update rows beyond prompts x group (DPH-RL's stored responses, dph.batch)
+  reference: bool = False    # a reference policy (a second copy of the params) is held beside the policy
 
 
 def _fake_mesh(shape: dict):
@@ -117,12 +123,17 @@ def param_bytes_per_device(cfg, mesh_shape: dict) -> tuple[int, int, int]:
   """(bytes per device, total bytes, number of params) of the parameters of the model of
   `cfg`: a ModelConfig (text Transformer), a VisionConfig (the vision tower alone) or a
   VLConfig (both)."""
+  return _param_bytes(cfg, tuple(sorted((a, int(n)) for a, n in mesh_shape.items())))
+
+
+@functools.lru_cache(maxsize=32)  # a config's check plans several workloads of one model
+def _param_bytes(cfg, mesh_items: tuple) -> tuple[int, int, int]:
   from flax import nnx
   module = _module(cfg)
   abstract = nnx.eval_shape(lambda: module(cfg, rngs=nnx.Rngs(0)))
   state = nnx.state(abstract, nnx.Param)
   specs = nnx.get_partition_spec(state)
-  mesh = _fake_mesh(mesh_shape)
+  mesh = _fake_mesh(dict(mesh_items))
   per_dev = total = count = 0
   for spec, x in zip(jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)),
                      jax.tree.leaves(state)):
@@ -213,8 +224,9 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
   #                              for a frozen tower (make_optimizer(freeze_vision=True))
   grads = p_dev + v_grads    # a frozen tower's gradients are stop_gradient zeros, never stored
   act_bytes = np.dtype(as_dtype(cfg.dtype)).itemsize
-  rows = work.prompts * work.group
+  rows = work.prompts * work.group  # sampled together
   rows_dev = -(-rows // rows_div)
+  update_rows_dev = -(-(rows + work.extra_rows) // rows_div)
   seq = work.prompt_len + work.new_tokens
   d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
   heads_dev = _split(cfg.num_heads, tensor)
@@ -225,10 +237,11 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
   # the kernel call but frees them; counted as fused.)
   impl = attention.resolve(cfg.attention, as_dtype(cfg.dtype), work.backend)
   attn_saved = heads_dev * seq * 4 if impl == "reference" else heads_dev * 4
-  if work.prompts % work.micro_batches or (work.prompts // work.micro_batches) % rows_div:
+  if work.micro_batches > 1 and (work.prompts % work.micro_batches
+                                 or (work.prompts // work.micro_batches) % rows_div):
     raise ValueError(f"micro_batches={work.micro_batches} must leave a whole number of prompts per "
                      f"data x fsdp device in each slice ({work.prompts} prompts, {rows_div} devices)")
-  micro_rows = rows_dev // work.micro_batches  # rows whose activations live at once
+  micro_rows = -(-update_rows_dev // work.micro_batches)  # rows whose activations live at once
   per_layer = micro_rows * seq * ((6 * d + 3 * f / tensor) * act_bytes + attn_saved)
   layers_saved = 1 if work.remat else L
   acts = per_layer * layers_saved + (micro_rows * seq * d * act_bytes * L if work.remat else 0)
@@ -241,12 +254,14 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
   kv_heads_dev = _split(cfg.num_kv_heads, tensor)
   kv = rows_dev * seq * L * 2 * kv_heads_dev * cfg.head_dim * act_bytes
   all_p = p_dev + v_dev
-  train_total = all_p + opt + grads + acts + logits
-  sample_total = all_p + opt + kv + rows_dev * cfg.vocab_size * 4 + v_sample  # tower: counted as
-  #                                                        if it overlapped the KV cache
+  ref = all_p if work.reference else 0  # the reference policy: frozen params, no optimizer state
+  train_total = all_p + ref + opt + grads + acts + logits
+  sample_total = all_p + ref + opt + kv + rows_dev * cfg.vocab_size * 4 + v_sample  # tower: counted
+  #                                                        as if it overlapped the KV cache
   out = {"devices": ndev, "mesh": dict(mesh_shape), "params": n_params + n_vision,
          "param_bytes_total": p_total + v_total,
-         "param_bytes": all_p, "optimizer_bytes": opt, "grad_bytes": grads, "activation_bytes": acts,
+         "param_bytes": all_p, "reference_bytes": ref, "optimizer_bytes": opt, "grad_bytes": grads,
+         "activation_bytes": acts, "sampling_logit_bytes": rows_dev * cfg.vocab_size * 4,
          "attention": impl, "logit_bytes": logits, "kv_cache_bytes": kv, "update_peak_bytes": train_total,
          "sampling_peak_bytes": sample_total, "rows_per_device": rows_dev, "micro_rows": micro_rows,
          "activation_note": "activations, logits and KV cache are shape estimates; params and "
@@ -267,6 +282,8 @@ def format_plan(name: str, p: dict) -> str:
   lines = [f"{name}: {p['params'] / 1e9:.3f} B params on {p['devices']} device(s), mesh {p['mesh']}, "
            f"{p['rows_per_device']} rows per device ({p['micro_rows']} per update slice)",
            f"  params        {g(p['param_bytes'])}   (total {p['param_bytes_total'] / GIB:.2f} GiB)",
+           *([f"  reference     {g(p['reference_bytes'])}   (a frozen copy of the params)"]
+             if p.get("reference_bytes") else []),
            f"  optimizer     {g(p['optimizer_bytes'])}   (AdamW mu + nu)",
            f"  gradients     {g(p['grad_bytes'])}",
            f"  activations   {g(p['activation_bytes'])}   (estimate; attention core {p['attention']!r})",

@@ -4,14 +4,16 @@ resume contract.
 A config is a file in configs/ (`get_config(arg)` returning a locked `ConfigDict`); every value
 lives there, and this module says what each field may hold. `check_config` runs before anything
 is built or written, so bad input costs nothing: each refusal is one line that names the field,
-the value and what is allowed (`ConfigError`; the CLIs print it and exit with status 2).
+the value and what is allowed (`ConfigError`; the CLIs print it and exit with status 2). Its
+last check is the memory estimate of every stage (training/memory.py), which refuses sizes a
+device cannot hold; `check_memory = False` skips it.
 
 The resume contract: a workdir's `config.json` is the config its checkpoints, metrics and
 evaluations were made under. A rerun whose config differs in a field that changes the result
 is refused with the differing fields listed (`check_resume`); the fields in `SAFE_TO_CHANGE`
 (logging, checkpoint cadence, the mesh) may change when the rerun names them
-(`--allow_config_change=log.every,checkpoint.keep`). `stop_at_step` is an instruction to one
-invocation, not part of the run, and is never compared.
+(`--allow_config_change=log.every,checkpoint.keep`). `stop_at_step` and `check_memory` are
+instructions to one invocation, not part of the run, and are never compared.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dmpo_jax.data import images as multimodal
 from dmpo_jax.data import transcripts
 from dmpo_jax.objectives import presets, terms
 from dmpo_jax.parallel import sharding
+from dmpo_jax.training import memory
 
 
 class ConfigError(ValueError):
@@ -103,6 +106,7 @@ SCHEMA: dict[str, Spec] = {
     "prompt_style": Choice(domain.PROMPT_STYLES + domain.IMAGE_STYLES),
     "chat_template": Bool(),
     "stop_at_step": Int(-1),
+    "check_memory": Bool(optional=True),  # False: skip the memory check (training/memory.py)
     "model.init": Spec((str,), "'scratch', a local Hugging Face folder or a .gguf file",
                        lambda v: v == "scratch" or os.path.isdir(v) or (v.endswith(".gguf") and os.path.isfile(v))),
     "model.tokenizer": Str(),
@@ -169,7 +173,8 @@ SCHEMA: dict[str, Spec] = {
 SAFE_TO_CHANGE = ("log.every", "log.tensorboard", "log.plots", "log.progress", "checkpoint.every",
                   "checkpoint.keep", "checkpoint.export_hf", "mesh.data", "mesh.fsdp", "mesh.tensor",
                   "rl.check_recompile", "rl.nonfinite_patience")
-NEVER_COMPARED = ("stop_at_step",)  # an instruction to this invocation, not part of the run
+# Instructions to this invocation, not part of the run.
+NEVER_COMPARED = ("stop_at_step", "check_memory")
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -222,6 +227,23 @@ def task_keys(cfg) -> list[str]:
   return [k.strip() for k in cfg.tasks.replace("+", ",").split(",") if k.strip()]
 
 
+def check_tasks(cfg) -> list[str]:
+  """config.tasks' keys: at least one, each a task, none twice."""
+  keys = task_keys(cfg)
+  choose = f"choose 'all' or keys of {domain.names()}"
+  if not keys:
+    raise ConfigError(f"config.tasks={cfg.tasks!r} names no task; {choose}")
+  unknown = [k for k in keys if k not in domain.names()]
+  if unknown:
+    raise ConfigError(f"config.tasks={cfg.tasks!r}: unknown task(s) {unknown}"
+                      f"{suggest(unknown[0], domain.names())}; {choose}")
+  twice = sorted({k for k in keys if keys.count(k) > 1})
+  if twice:
+    raise ConfigError(f"config.tasks={cfg.tasks!r} names {twice} more than once (each held-out "
+                      "instance would be evaluated twice); name each task once")
+  return keys
+
+
 def points_samples_max(cfg) -> int:
   """The most samples per instance of the evaluation points along RL (config.eval.points,
   points_samples: "64" or "A:32,B:64"); 0 without points."""
@@ -259,12 +281,7 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
   """Every field's type and range (SCHEMA), then the rules between fields; a ConfigError names
   the first field that is wrong. Runs before anything is built or written."""
   check_fields(cfg)
-  keys = task_keys(cfg)
-  unknown = [k for k in keys if k not in domain.names()]
-  if unknown or not keys:
-    raise ConfigError(f"config.tasks={cfg.tasks!r}: unknown task(s) {unknown}"
-                      f"{suggest(unknown[0], domain.names()) if unknown else ''}; "
-                      f"choose 'all' or keys of {domain.names()}")
+  keys = check_tasks(cfg)
   check_perception(cfg, keys)
   m = cfg.model
   if m.num_heads % m.num_kv_heads:
@@ -322,6 +339,9 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
     if missing:
       raise ConfigError(f"config.sft.targets='optimal' needs optimal-solution enumeration, which "
                         f"{missing} lack (config.tasks); supported: {domain.with_optima()}")
+  why = memory.refusal(cfg, obj, mesh, most)  # last: it sizes the run by the fields checked above
+  if why:
+    raise ConfigError(why)
 
 
 # ---------------------------------------------------------------------------
@@ -404,21 +424,39 @@ def flag_error(e: BaseException, argv) -> str:
   config file's own error in a traceback."""
   raw = str(e).replace("\\n", "\n").replace("\\'", "'")
   if isinstance(e, (AttributeError, KeyError)):
-    field = re.match(r"\W*(\w+)", raw)
-    flag = next((a for a in argv if field and a.startswith("--config.")
-                 and a.split("=", 1)[0].endswith("." + field.group(1))), None)
-    if flag:
-      path = flag.split("=", 1)[0][len("--config."):]
-      hint = re.search(r'Did you mean "([\w.]+)"', raw)
-      parent = path.rsplit(".", 1)[0] + "." if "." in path else ""
-      return (f"{flag.split('=', 1)[0]}: config has no field {path!r}"
-              + (f"; did you mean {parent + hint.group(1)!r}?" if hint else ""))
+    line = unknown_field(raw, argv)
+    if line:
+      return line
   if "Traceback" in raw:  # the config file's own error is the traceback's last line
     last = [l.strip() for l in raw.splitlines() if l.strip()][-1]
     flag = ([a for a in argv if a.startswith("--config=")] or ["--config"])[-1]  # absl: the last wins
     return f"{flag}: {re.sub(r'^[A-Za-z_.]*(Error|Exception): ', '', last)}"
   text = " ".join(raw.split())
   return re.sub(r"^flag (--\S+)", r"\1", text)
+
+
+def known_fields() -> list[str]:
+  """Every field path a config may hold (SCHEMA's, with rl.objective's spelt out)."""
+  objective = [f"rl.objective.{f.name}" for f in dataclasses.fields(presets.ObjectiveConfig)]
+  return [p for p in SCHEMA if not p.endswith(".*")] + objective
+
+
+def unknown_field(raw: str, argv) -> str | None:
+  """The line for an unknown --config.<path>: absl names only the unknown component ('lora'
+  of model.lora.rank, with its own suggestion when it has one); the line names the flag, the
+  path up to that component, and the nearest field."""
+  name = re.match(r"\W*(\w+)", raw)
+  flags = [a.split("=", 1)[0] for a in argv if a.startswith("--config.")]
+  for flag in flags if name else []:
+    parts = flag[len("--config."):].split(".")
+    if name.group(1) not in parts:
+      continue
+    i = parts.index(name.group(1))
+    hint = re.search(r'Did you mean "(\w+)"', raw)
+    near = ".".join(parts[:i] + [hint.group(1)] + parts[i + 1:]) if hint else ""
+    tip = f"; did you mean {near!r}?" if near in known_fields() else suggest(".".join(parts), known_fields())
+    return f"{flag}: config has no field {'.'.join(parts[:i + 1])!r}{tip}"
+  return None
 
 
 # ---------------------------------------------------------------------------

@@ -211,3 +211,76 @@ def test_vl_flags_refuse_bad_input(capsys):
                 plan.Workload(**{k.lstrip("-"): int(v) for k, v in (a.split("=") for a in argv)}))
   with pytest.raises(TypeError, match="ModelConfig or a VLConfig"):
     plan.plan(plan.vl_config("qwen2.5-vl-7b").vision, {"fsdp": 8}, plan.Workload())
+
+
+# --- A training config's memory check (training/memory.py) ---------------------------------------
+
+def _phases(cfg):
+  """{stage name: its plan} of a training config on its mesh."""
+  from dmpo_jax.training import config as config_lib, memory
+  from dmpo_jax.training.run import objective_from_config
+  mesh = sharding.make_mesh(dict(cfg.mesh))
+  samples = max(cfg.eval.samples, config_lib.points_samples_max(cfg))
+  return {ph.name: (ph, p) for ph, p in memory.estimate(cfg, objective_from_config(cfg), mesh,
+                                                         samples)}, mesh
+
+
+def test_config_estimate_counts_each_samplers_rows_and_tokens():
+  """The evaluation sampler's KV cache and logits are those of eval.batch_prompts x eval.samples
+  rows of max_prompt_len + max_new_tokens tokens; the RL sampler's of a rollout chunk's rows."""
+  from dmpo_jax.training import memory
+  from tests.helpers import smoke
+  for samples, new in ((4, 16), (8, 16), (8, 48)):
+    cfg = smoke(**{"eval.samples": samples, "model.max_new_tokens": new})
+    phases, mesh = _phases(cfg)
+    rows_div = sharding.batch_rows(mesh)
+    m = cfg.model
+    kv_per_row = (m.max_prompt_len + new) * m.num_layers * 2 * m.num_kv_heads * m.head_dim * 4
+    _, ev = phases["the evaluation sampler"]
+    rows = -(-cfg.eval.batch_prompts * samples // rows_div)
+    assert ev["kv_cache_bytes"] == rows * kv_per_row
+    assert ev["sampling_logit_bytes"] == rows * memory.model_config(cfg).vocab_size * 4  # float32
+    _, rl = phases["the RL sampler"]
+    rl_rows = -(-cfg.rl.prompts_per_step // cfg.rl.rollout_chunks * cfg.rl.group_size // rows_div)
+    assert rl["kv_cache_bytes"] == rl_rows * kv_per_row
+
+
+def test_config_estimate_adds_dph_rows_and_the_reference_policy():
+  from tests.helpers import smoke
+  plain, _ = _phases(smoke("smoke,algo=grpo", **{"rl.micro_batches": 1}))
+  dph, _ = _phases(smoke("smoke,algo=dph_f", **{"rl.micro_batches": 1}))
+  kl, _ = _phases(smoke("smoke,algo=rkl", **{"rl.micro_batches": 1}))
+  cfg = smoke("smoke,algo=dph_f")
+  assert "the DPH pre-sampler" in dph and "the DPH pre-sampler" not in plain
+  a, b = plain["the RL update"][1], dph["the RL update"][1]
+  rows = cfg.rl.prompts_per_step * cfg.rl.group_size
+  assert b["activation_bytes"] * rows == a["activation_bytes"] * (rows + cfg.dph.batch)
+  assert kl["the RL update"][1]["reference_bytes"] == kl["the RL update"][1]["param_bytes"] > 0
+  assert a["reference_bytes"] == 0
+  assert (kl["the RL sampler"][1]["sampling_peak_bytes"] - plain["the RL sampler"][1]["sampling_peak_bytes"]
+          == kl["the RL sampler"][1]["param_bytes"])
+
+
+@pytest.mark.parametrize("name,arg", [("nphard", None), ("nphard", "smoke"), ("collapse", None),
+                                      ("collapse", "smoke,pass256")])
+def test_shipped_text_configs_fit_a_24_gib_host(name, arg):
+  """Every CPU config's largest stage, times the CPU devices sharing the host, is well under
+  the 24 GiB of the machine the configs were sized on."""
+  from tests.helpers import config_module
+  phases, mesh = _phases(config_module(name).get_config(arg))
+  worst = max(p[ph.peak] for ph, p in phases.values()) * mesh.devices.size
+  assert 0 < worst < 16 * plan.GIB, worst / plan.GIB
+
+
+@pytest.mark.slow
+def test_shipped_model_configs_fit_a_24_gib_host():
+  """The image policy (mm_nphard) and SmolLM2 (its GGUF header read, no weights): under 16 GiB."""
+  from tests.helpers import config_module
+  configs = [config_module("mm_nphard").get_config(a) for a in (None, "smoke")]
+  smollm2 = config_module("smollm2_nphard")
+  if smollm2.package_file():
+    configs += [smollm2.get_config(a) for a in (None, "demo")]
+  for cfg in configs:
+    phases, mesh = _phases(cfg)
+    worst = max(p[ph.peak] for ph, p in phases.values()) * mesh.devices.size
+    assert 0 < worst < 16 * plan.GIB, (cfg.model.init, worst / plan.GIB)

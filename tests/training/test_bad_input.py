@@ -98,7 +98,21 @@ CONFIG_CASES = [
     ([f"--config={CONFIG}:smoke,bogus=1"], ("unknown argument(s) ['bogus']", "nphard.py")),
     (["--allow_config_change=rl.algo"], "--allow_config_change=rl.algo: rl.algo changes the result"),
     (["--allow_config_change=log.evry"], "did you mean 'log.every'"),
+    (["--config.tasks="], "config.tasks='' names no task"),
+    (["--config.tasks=TSP,TSP"], ("config.tasks='TSP,TSP' names ['TSP'] more than once",)),
+    (["--config.model.lora.rank=4"], ("--config.model.lora.rank: config has no field 'model.lora'",
+                                      "did you mean 'model.remat'?")),
+    (["--config.modl.num_layers=2"], ("config has no field 'modl'", "did you mean 'model.num_layers'?")),
 ]
+# Sizes no machine holds: refused by the memory estimate (training/memory.py) before anything
+# is built or written, naming the stage and its fields, instead of aborting inside XLA.
+ABSURD_CASES = [
+    (["--config.rl.group_size=100000000"], ("the RL update", "rl.group_size=100000000", "GiB per device",
+                                            "--config.check_memory=False")),
+    (["--config.eval.samples=100000000"], ("the evaluation sampler", "eval.samples=100000000", "KV cache")),
+    (["--config.model.max_new_tokens=10000000"], ("model.max_new_tokens=10000000", "the host's available memory")),
+]
+CONFIG_CASES += ABSURD_CASES
 
 
 @pytest.mark.parametrize("args,expected", CONFIG_CASES, ids=[" ".join(a) for a, _ in CONFIG_CASES])
@@ -107,6 +121,75 @@ def test_bad_config_is_one_line_and_writes_nothing(args, expected, tmp_path, cap
   code, err = train_cli(BASE + args + [f"--workdir={wd}"], capsys)
   assert_refused(code, err, expected)
   assert not wd.exists()  # no stray empty workdir
+
+
+# --dry_run runs the trainer's checks (the memory estimate included) before it writes anything.
+DRY_RUN_CASES = [
+    (["--config.tasks="], "config.tasks='' names no task"),
+    (["--config.rl.lr=inf"], "config.rl.lr=inf: must be a finite number > 0"),
+    (["--config.eval.temperature=nan"], "config.eval.temperature=nan: must be a finite number > 0"),
+    (["--config.tasks=TSP,TSP"], "more than once"),
+    (["--config.eval.k=5"], "config.eval.k=5 exceeds config.eval.samples=4"),
+    (["--config.eval.points=2", "--config.eval.points_samples=X:3"], "config.eval.points_samples"),
+] + ABSURD_CASES
+
+
+@pytest.mark.parametrize("args,expected", DRY_RUN_CASES, ids=[" ".join(a) for a, _ in DRY_RUN_CASES])
+def test_dry_run_checks_the_config_and_writes_nothing(args, expected, tmp_path, capsys):
+  wd = tmp_path / "dry"
+  code, err = train_cli(BASE + args + ["--dry_run", f"--workdir={wd}"], capsys)
+  assert_refused(code, err, expected)
+  assert not wd.exists()
+
+
+def test_dry_run_writes_only_instances_json(tmp_path, capsys):
+  wd = tmp_path / "dry"
+  code, err = train_cli(BASE + ["--dry_run", f"--workdir={wd}"], capsys)
+  assert code == 0, err[-2000:]
+  assert sorted(os.listdir(wd)) == ["instances.json"]
+  assert json.loads((wd / "instances.json").read_text())["checks"]["disjoint"] is True
+
+
+@pytest.mark.parametrize("name,content", [("tokenizer.json", "not json"),
+                                          ("tokenizer_config.json", "{")])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_damaged_tokenizer_file_is_named(name, content, dry_run, tmp_path, capsys):
+  from dmpo_jax.models import tokenizer as tok_lib
+  folder = tmp_path / "tok"
+  tok_lib.build(str(folder))
+  (folder / name).write_text(content)
+  wd = tmp_path / "run"
+  code, err = train_cli(BASE + [f"--config.model.tokenizer={folder}", f"--workdir={wd}"]
+                        + ["--dry_run"] * dry_run, capsys)
+  assert_refused(code, err, (f"cannot read the tokenizer file {folder / name}", "JSONDecodeError"))
+  assert not wd.exists()
+
+
+def test_the_memory_check_refuses_past_the_limit_unless_overridden(tmp_path, monkeypatch):
+  """A config whose largest stage exceeds the device by one byte is refused, naming the stage,
+  its fields and both figures; one byte more memory, or config.check_memory=False, lets it
+  through (the estimate is the planner's: no run needed)."""
+  from dmpo_jax.parallel import sharding
+  from dmpo_jax.training import memory
+  cfg = smoke()
+  obj = run_lib.objective_from_config(cfg)
+  mesh = sharding.make_mesh(dict(cfg.mesh))
+  phase, p = max(memory.estimate(cfg, obj, mesh, cfg.eval.samples), key=lambda pp: pp[1][pp[0].peak])
+  peak = p[phase.peak]
+  assert peak > p["param_bytes"] + p["optimizer_bytes"]  # the rows count, not only the model
+  devices = mesh.devices.size  # CPU devices share the host's memory (tests run 8 of them)
+  monkeypatch.setattr(memory, "host_available", lambda: peak * devices - 1)
+  with pytest.raises(config_lib.ConfigError, match=rf"{phase.name} \(config\..*GiB per device.*"
+                     r"more than the .* GiB a device has.*check_memory=False"):
+    config_lib.check_config(cfg, obj, mesh)
+  cfg.check_memory = False
+  config_lib.check_config(cfg, obj, mesh)
+  cfg.check_memory = True
+  monkeypatch.setattr(memory, "host_available", lambda: peak * devices)
+  config_lib.check_config(cfg, obj, mesh)
+  # The override is an instruction to one invocation: a resume may change it.
+  (tmp_path / "config.json").write_text(json.dumps(config_lib.config_json(cfg)))
+  assert config_lib.check_resume(smoke(check_memory=False), str(tmp_path)) is False
 
 
 def test_every_config_field_is_declared(tmp_path):
