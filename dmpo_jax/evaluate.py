@@ -26,7 +26,14 @@ value 0 on a maximisation task (an empty independent set or schedule).
 Bad input (a flag out of range, --k above --samples, a file record whose question,
 ground truth, prompt or key is wrong, a prompt longer than the model's context) is
 refused before anything is sampled or written: one line naming the flag, or the file,
-record and field, and exit status 2 (--verbose adds the traceback).
+record and field, and exit status 2 (--verbose adds the traceback). A record's question
+is checked in full before the model loads (`Task.validate`, the checks the verifiers
+apply: an edge to a missing vertex, a self-loop, a one-sided edge, a float where an int is
+summed), as is its ground truth (our reference's, found then, where the file has none).
+With --skip_invalid such records are left out instead, their count and the first ten
+printed, and eval.json's "skipped" lists them all. With --chat a control token a prompt
+spells (`<|im_end|>`) is encoded as text, so a record cannot forge a chat turn
+(models/chat.py).
 
 A vision-language policy (a Qwen2.5-VL folder, or a workdir of configs/mm_nphard.py)
 is scored on the same instances in each of --modalities (default for such a policy:
@@ -91,13 +98,16 @@ flags.DEFINE_list("modalities", None, "vision-language policies: any of image,bl
 flags.DEFINE_integer("image_size", None, "render size in pixels (default: the workdir's, else 448)")
 flags.DEFINE_integer("patch_budget", None, "image patches per prompt (default: the workdir's, "
                      "else the largest image's)")
+flags.DEFINE_bool("skip_invalid", False, "with --npbench_file: leave out (and count and list) the "
+                  "records that fail their checks, instead of refusing the file")
 flags.DEFINE_bool("verbose", False, "print the traceback of an error, not only its message")
 FLAGS = flags.FLAGS
 USAGE = 2  # the exit status of bad input (one line on stderr; the traceback with --verbose)
 
 
-def check_flags() -> None:
-  """The flags' ranges, before a model is loaded or a file written; a UsageError names the flag."""
+def check_flags() -> dict | None:
+  """The flags' ranges, before a model is loaded or a file written; a UsageError names the flag.
+  Returns --npbench_file's checked records (`read_file`), else None."""
   samples = FLAGS.samples if (FLAGS["samples"].present or not FLAGS.npbench_file) else 3
   for name, lo in (("samples", 1), ("k", 1), ("num", 1), ("batch_prompts", 1)):
     if FLAGS[name].value < lo:
@@ -119,8 +129,51 @@ def check_flags() -> None:
   unknown = [k for k in FLAGS.tasks.split(",") if FLAGS.tasks != "all" and k not in tasks_lib.names()]
   if unknown:
     raise app.UsageError(f"--tasks: unknown task(s) {unknown}; choose 'all' or keys of {tasks_lib.names()}")
-  if FLAGS.npbench_file:  # the file is read (and each record checked) before the model loads
-    data_lib.read_npbench(FLAGS.npbench_file)
+  if FLAGS.skip_invalid and not FLAGS.npbench_file:
+    raise app.UsageError("--skip_invalid applies to --npbench_file's records")
+  return read_file() if FLAGS.npbench_file else None  # every record checked before the model loads
+
+
+def read_file() -> dict:
+  """--npbench_file's records, each checked as the verifiers check it (tasks/data.py), with its
+  ground truth (the file's, else our reference, found here): {"records", "names", "gts",
+  "skipped"}. A bad record raises a DataError naming the file and the record, or with
+  --skip_invalid is left out and listed in "skipped" ({"record", "index", "error"})."""
+  path = FLAGS.npbench_file
+  checked = data_lib.read_npbench_checked(path, skip_invalid=FLAGS.skip_invalid)
+  skipped = checked.skipped
+  out = {"records": [], "names": [], "gts": [], "skipped": skipped}
+  for name, i, r in zip(checked.names, checked.indices, checked.records):
+    try:
+      gt = reference_ground_truth(r) if r.get("ground_truth") is None else float(r["ground_truth"])
+    except data_lib.DataError as e:
+      message = f"{path}: record {name}: {e}{data_lib.record_context(i, checked.total, name, r)}"
+      if not FLAGS.skip_invalid:
+        raise data_lib.DataError(message) from None
+      skipped.append({"record": name, "index": i, "error": message})
+      continue
+    out["records"].append(r)
+    out["names"].append(name)
+    out["gts"].append(gt)
+  if not out["records"]:
+    raise data_lib.DataError(f"{path}: none of its records is valid (first: {skipped[0]['error']})")
+  if skipped:
+    print(f"skipped {len(skipped)} invalid record(s) of {path} (--skip_invalid); kept "
+          f"{len(out['records'])}:", flush=True)
+    for s in skipped[:10]:
+      print(f"  {s['error']}", flush=True)
+    if len(skipped) > 10:
+      print(f"  ... and {len(skipped) - 10} more (eval.json's \"skipped\" lists them all)", flush=True)
+  return out
+
+
+def reference_ground_truth(record: dict) -> float:
+  """Our reference value of a record without a ground truth; an instance our reference cannot
+  solve (a subset sum no subset reaches, a graph with no cycle) is a DataError."""
+  try:
+    return tasks_lib.get(record["task_type"]).reference_value(record["question"])
+  except (RuntimeError, AssertionError) as e:
+    raise data_lib.DataError(f"no ground_truth, and our reference finds no solution ({e})") from None
 
 
 def load_policy():
@@ -194,17 +247,16 @@ def prompt_lengths(encoder, groups: dict, max_new_tokens: int, context: int) -> 
   return longest
 
 
-def file_protocol(style: str, default_level: str) -> tuple[dict, dict]:
+def file_protocol(style: str, default_level: str, loaded: dict | None = None) -> tuple[dict, dict]:
   """The NP-Bench protocol for --npbench_file: {level: (items, ground truths, prompts)} and
-  a description of the settings used (explicit flags override NP-Bench's)."""
-  records, names = data_lib.read_npbench_named(FLAGS.npbench_file)  # each record checked
+  a description of the settings used (explicit flags override NP-Bench's). loaded: the file
+  as `read_file` returned it (read here when None)."""
+  loaded = read_file() if loaded is None else loaded  # each record checked
   groups: dict = {}
-  for name, r in zip(names, records):
+  for name, r, gt in zip(loaded["names"], loaded["records"], loaded["gts"]):
     items, gts, prompts = groups.setdefault(r.get("level") or default_level, ([], [], {}))
-    task = tasks_lib.get(r["task_type"])
     items.append((r["task_type"], r["question"]))
-    gts.append(float(r["ground_truth"]) if r.get("ground_truth") is not None
-               else task.reference_value(r["question"]))
+    gts.append(gt)
     if style == "npbench" and isinstance(r.get("prompt"), str):
       prompts[id(r["question"])] = r["prompt"]
     RECORD_NAMES[id(r["question"])] = name
@@ -228,8 +280,8 @@ def main(argv):
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   try:
-    check_flags()
-    run()
+    loaded = check_flags()
+    run(loaded)
   except (app.UsageError, data_lib.DataError, config_lib.ConfigError, ckpt_lib.CheckpointError,
           ValueError, KeyError) as e:  # the project's own errors name what is wrong
     if FLAGS.verbose:
@@ -239,7 +291,8 @@ def main(argv):
     sys.exit(USAGE)
 
 
-def run():
+def run(loaded: dict | None = None):
+  """Load the policy, sample and score; loaded: --npbench_file's checked records (`read_file`)."""
   graphdef, params, tok, d = load_policy()
   vl = hasattr(tok, "image_processor")  # a VLProcessor: a vision-language policy
   if vl:
@@ -249,7 +302,7 @@ def run():
   chat = FLAGS.chat or d.get("chat", False)
   samples, compat, proto = FLAGS.samples, FLAGS.compat, None
   if FLAGS.npbench_file:
-    groups, proto = file_protocol(style, level)
+    groups, proto = file_protocol(style, level, loaded)
     samples, compat = proto["samples"], proto["compat"]
     print(f"protocol: {proto['name']} -- {samples} samples per problem at temperature "
           f"{FLAGS.temperature}, SR@{FLAGS.k}/QR@{FLAGS.k} per task and level, compat={compat}, "
@@ -287,9 +340,14 @@ def run():
     table = evaluation.format_table(res)
     plots = {"eval.png": res}
   else:  # per level, as NP-Bench reports
+    skipped = (loaded or {}).get("skipped", [])
     res = {"protocol": proto, "levels": results,
-           "num_problems": sum(r["num_problems"] for r in results.values())}
+           "num_problems": sum(r["num_problems"] for r in results.values()),
+           "skipped": {"count": len(skipped), "records": skipped}}
     table = "\n\n".join(f"level {lv}\n{evaluation.format_table(r)}" for lv, r in results.items())
+    if skipped:
+      table += (f"\n\nskipped {len(skipped)} invalid record(s) of {FLAGS.npbench_file} "
+                "(--skip_invalid; eval.json's \"skipped\" lists them)")
     plots = {("eval.png" if len(results) == 1 else f"eval_{lv}.png"): r for lv, r in results.items()}
   write_outputs(res, table, plots)
 

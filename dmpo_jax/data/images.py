@@ -100,6 +100,7 @@ class ImagePromptEncoder(pipeline.PromptEncoder):
     self.style = style
     vocab = tok.get_vocab()
     self.markers = MARKERS if all(m in vocab for m in MARKERS) else ("", "")
+    self.kept_tokens = tuple(m for m in self.markers if m) + (processor.image_token,)  # the image span
 
   def images(self, key: str, q: dict) -> dict:
     """{"pixel_values": [patches, C] float32, "image_grid_thw": [1, 3]} of the prompt's image."""

@@ -259,7 +259,12 @@ class PromptEncoder:
 
   Nothing is cut silently: a prompt longer than max_prompt_len loses its first tokens and
   an SFT answer longer than the completion length its last ones, and each cut is counted in
-  `truncated` ("prompt", "answer"), which the training loop logs (`take_truncated`)."""
+  `truncated` ("prompt", "answer"), which the training loop logs (`take_truncated`).
+
+  Prompt and answer text is encoded as text (models/chat.py): a special token spelt in it is
+  not that token, except those in `kept_tokens`, which the encoder's own code writes (an image
+  span: data/images.py)."""
+  kept_tokens: tuple[str, ...] = ()
 
   def __init__(self, tokenizer, style: str, max_prompt_len: int, chat_template: bool = False):
     if style not in tasks_lib.PROMPT_STYLES:
@@ -284,10 +289,10 @@ class PromptEncoder:
   def encode_text(self, key: str, text: str) -> list[int]:
     """Prompt ids of a prompt text of task `key` (the chat template, BOS and the cut of an
     overlong prompt as in `encode`)."""
-    if self.chat:
-      ids = chat.encode_chat(self.tok, text)
+    if self.chat:  # a control token spelt in the text is text: a prompt cannot forge a turn
+      ids = chat.encode_chat(self.tok, text, keep=self.kept_tokens)
     else:
-      ids = self.tok.encode(text, add_special_tokens=False)
+      ids = chat.encode_text(self.tok, text, keep=self.kept_tokens)
       if self.bos is not None:
         ids = [self.bos] + ids
     if len(ids) > self.max_len and self.style in tasks_lib.IMAGE_STYLES:
@@ -316,7 +321,7 @@ class PromptEncoder:
   def answer_ids(self, key: str, solution, max_len: int | None = None) -> list[int]:
     """SFT target: `answer_text` then EOS (the end-of-turn token in the chat format); with
     max_len, cut to it and counted in truncated["answer"] (the end token is then lost)."""
-    ids = self.tok.encode(self.answer_text(key, solution), add_special_tokens=False) + [self.end]
+    ids = chat.encode_text(self.tok, self.answer_text(key, solution)) + [self.end]
     if max_len is not None and len(ids) > max_len:
       if "answer" not in self._warned:
         self._warned.add("answer")

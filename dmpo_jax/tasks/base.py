@@ -98,6 +98,10 @@ class Task:
   def _load(self, question: dict):
     raise NotImplementedError
 
+  def _validate(self, instance: dict) -> None:
+    """The task's own checks of a question of the right shape (tasks/checks.py); raise
+    InvalidInstance naming the field."""
+
   def _parse(self, answer: str):
     return parsing.parse_int_list(answer)
 
@@ -153,23 +157,34 @@ class Task:
                             f"ids 0..n-1 to {kinds(self.vertex_values)})")
     n = len(instance)
     for k, v in instance.items():
-      if not (isinstance(k, int) or (isinstance(k, str) and k.isdigit())) or not 0 <= int(k) < n:
+      plain = isinstance(k, str) and k.isascii() and k.isdigit() and str(int(k)) == k
+      if not plain or not 0 <= int(k) < n:  # "01" and "1" are one id to int(), two to str()
         raise InvalidInstance(f"{self.key}: question field {k!r} is not a vertex id 0..{n - 1} "
-                              f"(a {self.key} question maps vertex ids to {kinds(self.vertex_values)})")
+                              f"(a {self.key} question maps vertex ids, written \"0\", \"1\", ..., to "
+                              f"{kinds(self.vertex_values)})")
       if not isinstance(v, self.vertex_values):
         raise InvalidInstance(f"{self.key}: question field {k!r} is {type(v).__name__}, expected "
                               f"{kinds(self.vertex_values)}")
 
+  def validate(self, instance) -> None:
+    """Refuse a question that is not a valid instance of this task, with a one-line
+    InvalidInstance (a ValueError) naming the field and what is wrong: its shape
+    (`check_instance`), then every value a verifier reads (ids in range, edges listed from both
+    ends, no self-loops, sizes and types). The verifiers call it (`problem`), and a data file's
+    records are checked with it before any work (tasks/data.py), so the two cannot differ."""
+    self.check_instance(instance)
+    self._validate(instance)
+
   def problem(self, instance: dict):
     """The parsed instance, cached by identity (instances are not mutated); the question is
-    checked against the task's shape the first time (`check_instance`)."""
+    validated the first time (`validate`)."""
     if not isinstance(instance, dict):
       raise TypeError(f"{self.key}: instance must be a question dict, got {type(instance).__name__}")
     hit = self._cache.get(id(instance))
     if hit is not None and hit[0] is instance:
       self._cache.move_to_end(id(instance))
       return hit[1]
-    self.check_instance(instance)
+    self.validate(instance)
     try:
       problem = self._load(instance)
     except (KeyError, TypeError, ValueError, AttributeError) as e:

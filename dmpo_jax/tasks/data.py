@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.files import atomic_write
@@ -134,7 +134,7 @@ def check_record(path: str, name: str, r) -> None:
   if not isinstance(r["question"], dict):
     raise DataError(f"{path}: record {name}: question must be an object")
   try:
-    task.check_instance(r["question"])
+    task.validate(r["question"])  # what the verifiers check: a bad graph is found here, not after sampling
   except ValueError as e:
     raise DataError(f"{path}: record {name}: question: {e}") from None
   if r.get("ground_truth") is not None:
@@ -153,16 +153,60 @@ def check_record(path: str, name: str, r) -> None:
                     f"{r['task_type']!r} (NP-Bench keys are <task>_<level>_question<N>)")
 
 
+class Checked(NamedTuple):
+  """A file's valid records, how messages name each (`read_npbench_named`), their indices in
+  the file, the skipped ones ({"record", "index", "error"}) and the file's record count."""
+  records: list
+  names: list
+  indices: list
+  skipped: list
+  total: int
+
+
+def record_context(i: int, total: int, name: str, r) -> str:
+  """What a message adds to a record's name: its index where the name is a key or a line,
+  and its own key or id where the name is not that."""
+  parts = [] if name == str(i) else [f"record {i} of {total}"]
+  ident = next((r[f] for f in ("key", "id", "name") if isinstance(r, dict) and r.get(f) is not None), None)
+  if ident is not None and repr(ident) != name:
+    parts.append(f"id {ident!r}" if len(repr(ident)) <= 80 else f"id {repr(ident)[:76]}...")
+  return f" ({', '.join(parts)})" if parts else ""
+
+
+def read_npbench_checked(path: str, *, skip_invalid: bool = False) -> Checked:
+  """The records of an NP-Bench file (keyed object, JSON list or JSONL), each checked
+  (`check_record`: its question with `Task.validate`, what the verifiers check). A bad one
+  raises a DataError naming the file, the record (key, index or line, and `record_context`)
+  and the field, or with skip_invalid is left out and listed in `skipped`. A file that cannot
+  be read, or holds no valid record, raises."""
+  records, names = _parse_file(path)
+  if not records:
+    raise DataError(f"{path}: holds no records")
+  out = Checked([], [], [], [], len(records))
+  for i, (name, r) in enumerate(zip(names, records)):
+    try:
+      check_record(path, name, r)
+    except DataError as e:
+      message = f"{e}{record_context(i, len(records), name, r)}"
+      if not skip_invalid:
+        raise DataError(message) from None
+      out.skipped.append({"record": name, "index": i, "error": message})
+      continue
+    out.records.append(r)
+    out.names.append(name)
+    out.indices.append(i)
+  if not out.records:
+    raise DataError(f"{path}: none of its {len(records)} records is valid "
+                    f"(first: {out.skipped[0]['error']})")
+  return out
+
+
 def read_npbench_named(path: str) -> tuple[list[dict], list[str]]:
   """(records, how messages name each: its key, index or line) of an NP-Bench file (keyed
   object, JSON list or JSONL), each checked (`check_record`); an error names the file, the
   record and the field."""
-  records, names = _parse_file(path)
-  if not records:
-    raise DataError(f"{path}: holds no records")
-  for name, r in zip(names, records):
-    check_record(path, name, r)
-  return records, names
+  checked = read_npbench_checked(path)
+  return checked.records, checked.names
 
 
 def read_npbench(path: str) -> list[dict]:

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from dmpo_jax.tasks import optima, render
+from dmpo_jax.tasks import checks, optima, render
 from dmpo_jax.tasks.base import Exact, Infeasible, Task
 from dmpo_jax.tasks.common import adjacency_text, adjacency_lists, cp_model, load_graph, solve, uniform
 
@@ -28,6 +28,7 @@ def _check_vertices(p, verts):
 # ---------------------------------------------------------------------------
 class GraphColoring(Task):
   key = "GCP-D"
+  vertex_values = (list,)  # adjacency lists {"u": [v, ...]}
   title = "Graph colouring"
   category = "graph"
   direction = "min"
@@ -53,6 +54,9 @@ class GraphColoring(Task):
 
   def _load(self, q):
     return load_graph(q)
+
+  def _validate(self, q):
+    checks.adjacency_lists(self.key, q)
 
   def _check(self, p, col):
     if len(col) != p.n:
@@ -290,6 +294,9 @@ class _SetInGraph(Task):
   def _load(self, q):
     return load_graph(q)
 
+  def _validate(self, q):
+    (checks.adjacency_dicts if self.independent else checks.adjacency_lists)(self.key, q)
+
   def enumerate_optima(self, problem, limit: int, deadline: float):
     return _set_in_graph(self, problem, limit, deadline)
 
@@ -299,6 +306,7 @@ class _SetInGraph(Task):
 
 class MaximumClique(_SetInGraph):
   key = "maximum_clique_problem"
+  vertex_values = (list,)  # adjacency lists {"u": [v, ...]}
   title = "Maximum clique"
   description = "Find a largest set of vertices that are pairwise adjacent in the undirected graph."
   # tiny: (vertices, clique size, edge probability); ours, kept so tiny instances never change.
@@ -332,6 +340,7 @@ class MaximumClique(_SetInGraph):
 
 class MaximumIndependentSet(_SetInGraph):
   key = "maximum-set"
+  vertex_values = (dict,)  # adjacency dicts {"u": {"v": 1}}
   title = "Maximum independent set"
   description = "Find a largest set of vertices no two of which are adjacent in the undirected graph."
   independent = True

@@ -6,7 +6,7 @@ import math
 import random
 import time
 
-from dmpo_jax.tasks import parsing, render
+from dmpo_jax.tasks import checks, parsing, render
 from dmpo_jax.tasks.base import Exact, Infeasible, Task
 from dmpo_jax.tasks.common import Problem, cp_model, solve
 
@@ -101,6 +101,9 @@ class MinimumBisection(Task):
     q = {str(i): {str(j): q[str(i)][str(j)] for j in range(n)} for i in range(n)}
     side = sorted(label[u] for u in range(n // 2))
     return q, [side, sorted(set(range(n)) - set(side))]
+
+  def _validate(self, q):
+    checks.matrix(self.key, q, "weight", full=False)
 
   def _load(self, q):
     n = len(q)

@@ -6,7 +6,7 @@ import math
 import random
 import time
 
-from dmpo_jax.tasks import optima, render
+from dmpo_jax.tasks import checks, optima, render
 from dmpo_jax.tasks.base import Exact, Infeasible, Task
 from dmpo_jax.tasks.common import adjacency_text, Problem, adjacency_lists, cp_model, load_graph, solve, uniform
 
@@ -55,6 +55,9 @@ class TSP(Task):
     rng.shuffle(tour)
     q = {str(i): {str(j): d[i][j] for j in range(n)} for i in range(n)}
     return q, tour + tour[:1]
+
+  def _validate(self, q):
+    checks.matrix(self.key, q, "distance", full=True)
 
   def _load(self, q):
     n = len(q)
@@ -174,6 +177,7 @@ class TSP(Task):
 
 class LongestCycle(Task):
   key = "hamiltonian-cycle"
+  vertex_values = (list,)  # adjacency lists {"u": [v, ...]}
   title = "Longest simple cycle (Hamiltonian cycle)"
   category = "planning"
   direction = "max"
@@ -197,6 +201,9 @@ class LongestCycle(Task):
 
   def _load(self, q):
     return load_graph(q)
+
+  def _validate(self, q):
+    checks.adjacency_lists(self.key, q)
 
   def _check(self, p, path):
     if not path:

@@ -6,7 +6,7 @@ import math
 import random
 import time
 
-from dmpo_jax.tasks import parsing, render
+from dmpo_jax.tasks import checks, parsing, render
 from dmpo_jax.tasks.base import Exact, Infeasible, Task
 from dmpo_jax.tasks.common import Problem, cp_model, solve, uniform
 
@@ -104,6 +104,37 @@ class MeetingSchedule(Task):
          "attendee_availability": avail,
          "rooms": {str(r): c for r, c in rooms.items()}}
     return q, planted
+
+  def _validate(self, q):
+    for field, what in (("meetings", "meeting"), ("attendee_availability", "attendee"), ("rooms", "room")):
+      checks.id_map(self.key, field, q[field], what)
+    for a, spans in q["attendee_availability"].items():
+      if not isinstance(spans, list):
+        checks.fail(self.key, "attendee_availability", f"attendee {a}'s windows are not a list")
+      for span in spans:
+        if not (isinstance(span, (list, tuple)) and len(span) == 2 and all(map(checks.is_int, span))
+                and 0 <= span[0] < span[1]):
+          checks.fail(self.key, "attendee_availability", f"attendee {a}'s window {span!r} is not "
+                      "[start, end], integers with 0 <= start < end")
+    for r, capacity in q["rooms"].items():
+      checks.int_at_least(self.key, "rooms", capacity, 0, f"room {r}'s capacity")
+    for m, meeting in q["meetings"].items():
+      self._validate_meeting(q, m, meeting)
+
+  def _validate_meeting(self, q, m, meeting):
+    if not isinstance(meeting, dict) or not {"attendees", "duration"} <= set(meeting):
+      checks.fail(self.key, "meetings", f"meeting {m} is {meeting!r}, expected "
+                  "{\"attendees\": [...], \"duration\": d}")
+    att = meeting["attendees"]
+    if not isinstance(att, list) or not att:
+      checks.fail(self.key, "meetings", f"meeting {m}'s attendees {att!r} are not a non-empty list")
+    for a in att:
+      if not checks.is_int(a) or str(a) not in q["attendee_availability"]:
+        checks.fail(self.key, "meetings", f"meeting {m}'s attendee {a!r} is not an attendee id of "
+                    "attendee_availability")
+    if len(set(att)) != len(att):
+      checks.fail(self.key, "meetings", f"meeting {m} lists an attendee twice")
+    checks.int_at_least(self.key, "meetings", meeting["duration"], 1, f"meeting {m}'s duration")
 
   def _load(self, q):
     meetings = {int(k): (tuple(int(a) for a in v["attendees"]), int(v["duration"]))

