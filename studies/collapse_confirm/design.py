@@ -82,13 +82,15 @@ def confirm_labels(chosen: dict) -> list[str]:
   return [REFERENCE, FULL_GRPO] + [chosen[f] for f in REMEDIES]
 
 
-# Families whose four labels ran on seeds 0-4 in tier 1 and its exploratory additions (their
-# points: docs/frontier_sweep/points.csv); stage 1 runs the others.
-RAN_IN_TIER1 = ("dmpo", "dm_only", "rkl", "dph_f")
+# Labels whose evaluation points on seeds 0-4 are kept from tier 1 (docs/frontier_sweep/
+# points.csv); stage 1 runs the others (DPH-F's eta 12.5 and 62.5 ran after tier 1, but their
+# points were not kept).
+RAN_IN_TIER1 = tuple(l for f in ("dmpo", "dm_only", "rkl") for l in CANDIDATES[f]) + (
+    "dph_f-eta0.5", "dph_f-eta2.5")
 
 
 def stage1_labels() -> list[str]:
-  return [l for f in REMEDIES if f not in RAN_IN_TIER1 for l in CANDIDATES[f]]
+  return [l for f in REMEDIES for l in CANDIDATES[f] if l not in RAN_IN_TIER1]
 
 
 if __name__ == "__main__":  # `python -m studies.collapse_confirm.design stage1`: the --presets value

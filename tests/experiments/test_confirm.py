@@ -116,7 +116,7 @@ def test_design_confirmatory_seeds_are_fresh_and_labels_exist():
     for label in labels:
       assert label in sweep.SETTINGS, label
   assert design.REFERENCE in sweep.SETTINGS and design.FULL_GRPO in sweep.SETTINGS
-  assert len(design.stage1_labels()) == 4 * (13 - len(design.RAN_IN_TIER1))
+  assert len(design.stage1_labels()) == 4 * 13 - len(design.RAN_IN_TIER1) == 38
   # the sweep plan of stage 2 holds no exploration seed
   chosen = {f: labels[0] for f, labels in design.CANDIDATES.items()}
   base = sweep.load_config("configs/collapse.py", smoke=True)
@@ -140,3 +140,20 @@ def test_choose_strength_rule():
   # nothing reaches on 4 of 5: the most reaching label
   runs = {a: {s: flat for s in range(5)}, b: runs[b], c: {s: flat for s in range(5)}, d: {s: flat for s in range(5)}}
   assert design.choose_strength(runs, fam)[0] == b
+
+
+def test_stage1_reads_points_csv(tmp_path):
+  from studies.collapse_confirm import stage1
+  a, b, c, d = design.CANDIDATES["rkl"]
+  rows = ["label,seed,rl_step,set,pass_optimal@1,coverage"]
+  for s in range(5):
+    for label, cov_at_10 in ((a, 0.6), (b, 0.9)):  # both reach 0.43 at step 10 (0.40 -> 0.46)
+      rows += [f"{label},{s},0,A,0.40,1.0", f"{label},{s},0,B,0.40,0.5",
+               f"{label},{s},10,A,0.46,{cov_at_10}", f"{label},{s},10,B,0.46,0.5"]
+  (tmp_path / "points.csv").write_text("\n".join(rows) + "\n")
+  pts = stage1.load([str(tmp_path / "points.csv")])
+  best, table = design.choose_strength(pts, "rkl")
+  # halfway between the points: 1.0 + 0.5 (0.9 - 1.0) = 0.95 beats 1.0 + 0.5 (0.6 - 1.0) = 0.8
+  assert best == b and table[b] == (5, pytest.approx(0.95)) and table[a][1] == pytest.approx(0.8)
+  lines = stage1.table(pts)
+  assert any(l.startswith("| rkl | `" + b) for l in lines)
