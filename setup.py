@@ -34,6 +34,7 @@ setup(
             # Only the reference in parity tests; the CPU wheel of this pin is on disk.
             "torch==2.13.0",
             "accelerate",  # transformers' own GGUF load, the reference of tests/models/test_gguf.py
+            "peft",  # the reference of the LoRA adapter round trip (tests/models/test_lora.py)
             "tensorflow-datasets",
             "array_record",
             "importlib_resources",
@@ -43,5 +44,8 @@ setup(
         ],
         # The TFDS builder (array_record files, no TensorFlow needed).
         "data": ["tensorflow-datasets", "array_record", "importlib_resources"],
+        # reasoning-gym tasks as domains (dmpo_jax/data/gym.py, docs/GYM.md): the version whose
+        # scorers data/gym_scorers.py re-implements and tests/data/test_gym.py checks against.
+        "gym": ["reasoning-gym==0.1.25"],
     },
 )

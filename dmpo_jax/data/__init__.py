@@ -10,6 +10,8 @@ splits.py     instance identity by content; the disjoint sets A (SFT + RL), B (R
 instances.py  the config's TaskSet, and --dry_run's instances.json
 images.py     image prompts for vision-language policies: the render cache, the image-prompt
               encoder, modalities (image, blank, text), prefetch of the next step's renders
+gym.py        reasoning-gym tasks as registered domains (docs/GYM.md), scored by
+gym_scorers.py  our re-implementations of their scorers, which never run model text
 
 Imports run one way: models, tasks -> data -> training.
 """
