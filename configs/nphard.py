@@ -12,9 +12,8 @@ unknown fields are refused (the config is locked).
 
 from ml_collections import config_dict
 
-from dmpo_jax.objectives.presets import ObjectiveConfig
+from dmpo_jax.objectives import presets
 from dmpo_jax.training import config as config_lib
-import dataclasses
 
 
 KNOWN = {"algo", "level", "seed", "tasks", "smoke"}
@@ -72,7 +71,7 @@ def get_config(arg: str | None = None):
   ))
   # Overrides of the preset's objective fields (None = the preset's default).
   c.rl.objective = config_dict.ConfigDict(
-      {f.name: config_dict.placeholder(object) for f in dataclasses.fields(ObjectiveConfig)})
+      {name: config_dict.placeholder(object) for name in presets.field_names()})
   c.rl.reward = config_dict.ConfigDict(dict(
       format_bonus=0.1, ground_truth="reference", cap=2.0, compat="strict"))
   c.eval = config_dict.ConfigDict(dict(

@@ -7,16 +7,21 @@ divergences: the DPH-RL f-divergence registry. dapo, flowrl: their pieces.
 passk (Pass@k Training, PKPO), exploration (unlikeliness reward, outcome-based
 exploration), covariance (KL-Cov, Clip-Cov): the baselines against diversity collapse.
 terms: the registries of advantage estimators and policy losses.
+regularisers: the registry of regularisers build_loss adds (KL, DM, divergence).
 shaping: reward shaping (correct flag, overlong penalty, dynamic sampling, KL in
 reward) and the registry of reward-shaping terms.
-presets: algorithm presets and the loss builder.
+settings: each term's settings section (its fields, defaults, checks).
+needs: what a term declares it needs from the trainer (Needs).
+presets: algorithm presets, `needs(cfg)` and the loss builder.
 """
 
 from dmpo_jax.objectives import (common, covariance, dapo, divergences, dmpo, exploration,
-                                 flowrl, grpo, kl, passk, presets, registry, shaping, terms)
+                                 flowrl, grpo, kl, needs, passk, presets, registry, regularisers,
+                                 settings, shaping, terms)
 from dmpo_jax.objectives.presets import (PRESETS, ObjectiveConfig, build_loss, objective_config,
                                          preset_names)
 
 __all__ = ["common", "covariance", "dapo", "divergences", "dmpo", "exploration", "flowrl", "grpo",
-           "kl", "passk", "presets", "registry", "shaping", "terms",
+           "kl", "needs", "passk", "presets", "registry", "regularisers", "settings", "shaping",
+           "terms",
            "PRESETS", "ObjectiveConfig", "build_loss", "objective_config", "preset_names"]

@@ -25,14 +25,15 @@ def train(cfg: presets.ObjectiveConfig, rewards, init_logits, *, steps: int = 30
   reference) policy. dph_correct [N] bool: which solutions count as correct
   for the DPH-RL stored reference samples and for objective.reward="correct"
   (default: reward == max, the optima). The batch carries what the objective
-  declares (`presets.batch_needs`): the solution id as the final answer, one
+  declares (`presets.needs(cfg).batch`): the solution id as the final answer, one
   PRNG key per group, the step. Objectives with a host reward-shaping term
   (outcome_ucb's counts) cannot run inside one jitted function and are refused.
   """
-  if presets.needs_host_state(cfg):
+  need = presets.needs(cfg)
+  if need.host_state:
     raise ValueError(f"objective.shaping={cfg.shaping!r} keeps host state across steps (counts "
                      "per prompt); the jitted miniature runs on-device terms only")
-  needs = presets.batch_needs(cfg)
+  needs = need.batch
   rewards = jnp.asarray(rewards, jnp.float32)
   init_logits = jnp.asarray(init_logits, jnp.float32)
   ref_logp = jax.nn.log_softmax(init_logits)

@@ -6,7 +6,8 @@
     def _dr_grpo(cfg, rewards): ...
 
 `get` refuses an unknown name with the list of choices, naming the config
-field that selects it.
+field that selects it. `items()` keeps registration order; `unregister` removes
+an entry that a test or a plugin added.
 """
 
 from __future__ import annotations
@@ -30,8 +31,17 @@ class Registry:
       return fn
     return add
 
+  def unregister(self, name: str) -> None:
+    """Remove `name` (a test's or plugin's entry, when done)."""
+    self.get(name)
+    del self._entries[name]
+
   def names(self) -> list[str]:
     return sorted(self._entries)
+
+  def items(self) -> list[tuple[str, Any]]:
+    """(name, entry) in registration order (the order in which `build_loss` sums regularisers)."""
+    return list(self._entries.items())
 
   def __contains__(self, name) -> bool:
     return name in self._entries

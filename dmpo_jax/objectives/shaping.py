@@ -18,8 +18,12 @@ In the order a step applies them:
    loss): `kl_in_reward` subtracts kl_coef * sum_t k1 per sample.
 5. The registered reward-shaping term objective.shaping (`SHAPING`): a
    device term runs inside the loss on the batch (`device_shaping`), before
-   the KL of 4; a host term runs in `shape_rewards` with state that persists
-   over training (saved in checkpoints with the train state's counters).
+   the KL of 4 (the KL regulariser's reward hook, regularisers.py); a host
+   term runs in `shape_rewards` with state that persists over training
+   (saved in checkpoints with the train state's counters).
+
+The settings of 1 to 3 and the choice of 5 are the `reward` section
+(`RewardConfig`); the shaping terms' strengths are sections of their own.
 
 `shape_rewards` applies 1 (correct), 2, 3 and a host term of 5 to a step's
 scored rollouts.
@@ -34,8 +38,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dmpo_jax.objectives import exploration, kl
+from dmpo_jax.objectives import exploration, kl, settings
+from dmpo_jax.objectives.needs import Needs
 from dmpo_jax.objectives.registry import Registry
+
+CORRECT = ("optimal", "feasible")  # objective.correct: which verdicts count as correct
+REWARDS = ("shaped", "correct")    # objective.reward: the shaped score, or the 0/1 correct flag
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,13 +51,53 @@ class Shaping:
   """A reward-shaping term. Device: fn(cfg, rewards [..., G], batch) -> rewards, jitted in the
   loss, reading the batch keys in `needs`. Host (host=True): fn(cfg, rewards [P, G], info,
   state) -> rewards with info the step's host arrays ("prompt" [P] ids, "answer" [P, G]) and
-  state a JSON-able dict the term owns (kept across steps and checkpoints)."""
+  state a JSON-able dict the term owns (kept across steps and checkpoints). config: its own
+  settings section."""
   fn: Callable
   host: bool = False
   needs: tuple = ()
+  config: type | None = None
+
+  def declared(self, cfg) -> Needs:
+    return Needs(batch=tuple(self.needs), host_state=self.host)
 
 
 SHAPING = Registry("reward shaping", "objective.shaping", make=Shaping)
+
+
+@settings.section("reward")
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+  """What the loss's reward is: steps 1 to 3 and the choice of 5 above."""
+  dynamic_sampling: bool = False  # DAPO: keep groups with 0 < #correct < G
+  overlong_cache: int = 0  # DAPO soft overlong band (tokens); 0 = off
+  reward: str = "shaped"  # REWARDS: "correct" replaces r by the verifier's 0/1 flag
+  correct: str = "optimal"  # CORRECT: optimal (where the optimum is proven) | feasible
+  shaping: str = "none"  # SHAPING: none | unlikely | outcome_batch | outcome_ucb
+
+  def __post_init__(self):
+    SHAPING.get(self.shaping)  # unknown names list the choices
+    settings.one_of(self, "reward", REWARDS)
+    settings.one_of(self, "correct", CORRECT)
+
+
+@settings.section("unlikely")
+@dataclasses.dataclass(frozen=True)
+class UnlikelyConfig:
+  unlikely_penalty: float = 0.25  # the unlikeliness reward's rank penalty
+
+  def __post_init__(self):
+    if not 0.0 <= self.unlikely_penalty < 1.0:
+      raise ValueError(f"objective.unlikely_penalty={self.unlikely_penalty} must be in [0, 1)")
+
+
+@settings.section("explore")
+@dataclasses.dataclass(frozen=True)
+class ExploreConfig:
+  explore_coef: float = 0.0  # outcome-based exploration's coefficient c
+
+  def __post_init__(self):
+    settings.at_least(self, 0, "explore_coef")
 
 
 @SHAPING.register("none")
@@ -57,18 +105,18 @@ def _no_shaping(cfg, rewards, batch):
   return rewards
 
 
-@SHAPING.register("unlikely", needs=("old_logprobs",))
+@SHAPING.register("unlikely", needs=("old_logprobs",), config=UnlikelyConfig)
 def _unlikely(cfg, rewards, batch):
   return exploration.unlikeliness_rewards(rewards, batch["old_logprobs"], batch["mask"],
                                           cfg.unlikely_penalty)
 
 
-@SHAPING.register("outcome_batch", needs=("answer",))
+@SHAPING.register("outcome_batch", needs=("answer",), config=ExploreConfig)
 def _outcome_batch(cfg, rewards, batch):
   return exploration.batch_exploration_rewards(rewards, batch["answer"], cfg.explore_coef)
 
 
-@SHAPING.register("outcome_ucb", host=True)
+@SHAPING.register("outcome_ucb", host=True, config=ExploreConfig)
 def _outcome_ucb(cfg, rewards, info, state):
   counts = exploration.UcbCounts(state.setdefault("outcome_ucb", {}))
   return rewards + counts.bonus(info["prompt"], info["answer"], cfg.explore_coef)

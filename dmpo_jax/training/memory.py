@@ -59,7 +59,12 @@ def model_config(cfg):
     return build.vlm_config(cfg)[0]
   if m.init == "scratch":
     return build.scratch_config(cfg, build.scratch_tokenizer(cfg))
-  return hf.model_config(m.init, dtype=m.dtype, param_dtype=m.param_dtype)
+  mc = hf.model_config(m.init, dtype=m.dtype, param_dtype=m.param_dtype)
+  lora = build.lora_config(cfg)  # adapters: only they are trained (parallel/plan.py)
+  if lora is None:
+    return mc
+  vl = hasattr(mc, "text")  # a VLConfig: the adapters are on its language model
+  return dataclasses.replace(mc, text=mc.text.replace(lora=lora)) if vl else mc.replace(lora=lora)
 
 
 def phases(cfg, obj: presets.ObjectiveConfig, micro_batches: int, backend: str,
@@ -67,12 +72,13 @@ def phases(cfg, obj: presets.ObjectiveConfig, micro_batches: int, backend: str,
   """The stages of a run of `cfg` that hold the most memory (see the module docstring);
   samples: the most samples per instance of an evaluation (config.points_samples_max)."""
   m, rl, ev = cfg.model, cfg.rl, cfg.eval
+  need = presets.needs(obj)
   seq = f"rows of model.max_prompt_len={m.max_prompt_len} + model.max_new_tokens={m.max_new_tokens} tokens"
   pb = int((cfg.get("image") or {}).get("patch_budget") or plan.Workload.patch_budget)
   base = dict(prompt_len=m.max_prompt_len, new_tokens=m.max_new_tokens, remat=m.remat,
-              backend=backend, patch_budget=pb, reference=presets.needs_reference(obj))
+              backend=backend, patch_budget=pb, reference=need.reference)
   frozen = lambda stage: bool(cfg[stage].get("freeze_vision", True))
-  dph = presets.needs_dph_store(obj) and rl.steps > 0
+  dph = need.dph_store and rl.steps > 0
   out = []
   if cfg.sft.steps:
     out.append(Phase("the SFT update", f"config.sft.batch_size={cfg.sft.batch_size} {seq}",

@@ -43,7 +43,7 @@ class Rollouts:
   score_s: float                  # host decoding, verifying and shaping
   images: dict | None = None      # host: image prompts (`qwen2_5_vl.prompt_images`, [P, ...])
   extras: dict = dataclasses.field(default_factory=dict)
-  # host: the batch keys the objective declares (`presets.batch_needs`): "answer" [P, G] int32,
+  # host: the batch keys the objective declares (`presets.needs(obj).batch`): "answer" [P, G] int32,
   # "key" [P, 2] uint32 PRNG key data, "rl_step" [P] int32
 
   def batch(self, data_sh) -> dict:
@@ -85,7 +85,7 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
   What the objective's terms declare comes with the rollouts: the verifier's correct flag
   (objective.reward="correct"), final-answer ids, a PRNG key per prompt (from `rng`'s
   LOSS_KEY_STREAM), the RL step `rl_step`; shaping_state: the state of a host reward-shaping
-  term (`presets.needs_host_state`), updated in place.
+  term (`presets.needs(objective).host_state`), updated in place.
 
   images: for image prompts, images(prompt_tokens [P, prompt_len], prompt_mask) -> the
   prompts' `qwen2_5_vl.prompt_images` arrays (host, one fixed patch budget); they go to the
@@ -100,9 +100,9 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
   prompt_tokens, prompt_mask = sampling.pad_prompts([encoder.encode(k, q) for k, q in items],
                                                  prompt_len, encoder.pad)  # [P, prompt_len]
   vis = None if images is None else images(prompt_tokens, prompt_mask)
-  needs = presets.batch_needs(objective)
-  host_term = presets.needs_host_state(objective)
-  scoring = {"correct": objective.correct if presets.needs_correct(objective) else None,
+  need = presets.needs(objective)
+  needs, host_term = need.batch, need.host_state
+  scoring = {"correct": objective.correct if need.correct else None,
              "answers": "answer" in needs or host_term}
   tokens, mask, old_lp, ref_lp, rewards, stats, host_s = _sample_and_score(
       sampler, params, items, encoder, prompt_tokens, prompt_mask, rng, G, chunks, reward_cfg,
