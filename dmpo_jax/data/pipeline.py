@@ -453,7 +453,7 @@ def collapse_stats(collapse: Collapse, key: str, q: dict, texts, verdicts, compa
     return {**dict.fromkeys(COLLAPSE_STATS, np.nan), "optimal": np.zeros(len(texts), bool)}
   task = tasks_lib.get(key)
   if compat != "strict":
-    verdicts = [task.verify(q, t, compat="strict") for t in texts]
+    verdicts = scoring.VERDICTS.verify_group(task, q, texts, "strict")  # memoised, exact
   sols = [v.solution if v.feasible else None for v in verdicts]
   values = [v.value if v.feasible else None for v in verdicts]
   m = diversity.group_metrics(sols, values, opt.value, opt.solutions)

@@ -27,6 +27,7 @@ caller picks which.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 from typing import Hashable, Iterable, Sequence
 
@@ -126,9 +127,16 @@ def max_at_k(scores: Sequence[float], k: int) -> float:
   n = len(x)
   if not 1 <= k <= n:
     raise ValueError(f"max_at_k needs 1 <= k <= n={n}, got k={k}")
+  # x_(i) (1-based, ascending) is the max of C(i-1, k-1) of the C(n, k) subsets; the
+  # weights are the same floats for every problem of n samples (memoised), summed in order.
+  return float(sum(w * x[i] for i, w in max_at_k_weights(n, k)))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def max_at_k_weights(n: int, k: int) -> tuple:
+  """((i - 1, C(i-1, k-1) / C(n, k)) for i = k..n): `max_at_k`'s weight of the i-th smallest."""
   total = math.comb(n, k)
-  # x_(i) (1-based, ascending) is the max of C(i-1, k-1) of the C(n, k) subsets.
-  return float(sum(math.comb(i - 1, k - 1) / total * x[i - 1] for i in range(k, n + 1)))
+  return tuple((i - 1, math.comb(i - 1, k - 1) / total) for i in range(k, n + 1))
 
 
 def qr_at_k_curve(ratios, ks: Sequence[int] = DEFAULT_KS) -> np.ndarray:

@@ -47,8 +47,7 @@ def score(task: Task, instance: dict, texts, cfg: RewardConfig = RewardConfig(),
   """Rewards (float32 [len(texts)]) and verdicts for a group of responses to one instance."""
   gt = ground_truth(task, instance, cfg) if gt is None else gt
   rewards, verdicts = [], []
-  for text in texts:
-    v = task.verify(instance, text, compat=cfg.compat)
+  for v in scoring.VERDICTS.verify_group(task, instance, texts, cfg.compat):  # memoised, exact
     r = cfg.format_bonus if v.well_formed else 0.0
     if v.feasible:
       r += min(scoring.ratio(v.value, gt, task.direction), cfg.cap)

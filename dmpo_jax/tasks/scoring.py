@@ -10,11 +10,17 @@ Conventions (docs/TASKS.md):
   SR_mean = mean(f), QR_mean = mean(r).
 * Category score = mean over that category's problems; overall = unweighted
   mean of the five category means (over the categories present).
+
+Memoised (exact: same inputs, the same float result): verdicts per (task, instance, rules,
+response text) in `VerdictMemo` (a policy's samples repeat a handful of answers), and
+`pass_at_k` per (n, c, k).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
+import hashlib
 import math
 from typing import Hashable, Iterable, Sequence
 
@@ -37,10 +43,65 @@ def pass_at_k(n: int, c: int, k: int) -> float:
   """Unbiased pass@k = 1 - C(n-c, k) / C(n, k) for one problem (n samples, c correct)."""
   if not (0 <= c <= n) or k < 1 or k > n:
     raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+  return _pass_at_k(int(n), int(c), int(k))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _pass_at_k(n: int, c: int, k: int) -> float:
+  # An evaluation point asks for every k = 1..64 of every problem: the same few (n, c, k).
   if n - c < k:
     return 1.0
   # Product form: C(n-c, k)/C(n, k) = prod_{i=n-c+1}^{n} (1 - k/i).
   return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def instance_fingerprint(task_key: str, instance) -> str:
+  """A content key of an instance of a task: equal instances (rebuilt alike), equal keys."""
+  return hashlib.sha256(f"{task_key}/{instance!r}".encode()).hexdigest()
+
+
+class VerdictMemo:
+  """`task.verify(instance, text, compat=...)` memoised per (task, instance, rules, response
+  text): verification is a pure function of the four, and a group of samples holds a handful
+  of distinct responses. The key holds the task object itself (a task registered again under
+  its key is another task) and the instance by content (`instance_fingerprint`; instances are
+  JSON-like, their repr is their content): the same answer text is another verdict on another
+  instance. Least recently used entries go beyond `size`; hits and misses are counted."""
+
+  def __init__(self, size: int = 1 << 16):
+    self.size, self.hits, self.misses = size, 0, 0
+    self._store: collections.OrderedDict = collections.OrderedDict()
+
+  def key(self, task, instance_id: str, compat: str, text: str) -> tuple:
+    return (task, instance_id, compat, text)
+
+  def verify_group(self, task, instance, texts, compat: str) -> list:
+    """The verdicts of `texts` (responses to one instance), in order."""
+    iid = instance_fingerprint(task.key, instance)
+    out = []
+    for text in texts:
+      k = self.key(task, iid, compat, text)
+      v = self._store.get(k)
+      if v is None:
+        self.misses += 1
+        v = self._store[k] = task.verify(instance, text, compat=compat)
+        if len(self._store) > self.size:
+          self._store.popitem(last=False)
+      else:
+        self.hits += 1
+        self._store.move_to_end(k)
+      out.append(v)
+    return out
+
+  def __len__(self) -> int:
+    return len(self._store)
+
+  def clear(self) -> None:
+    self._store.clear()
+    self.hits = self.misses = 0
+
+
+VERDICTS = VerdictMemo()  # the process's memo (rewards.score, pipeline.collapse_stats)
 
 
 def mean_at_k(correct: Sequence[bool], k: int) -> float:

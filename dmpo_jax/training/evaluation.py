@@ -2,7 +2,9 @@
 
 ``sample_fn(prompt_tokens [Bp, P], prompt_mask [Bp, P], rng) -> (tokens, mask)``, both
 ``[Bp * samples, T]`` with each prompt's samples adjacent, is any sampler (the training
-loop's jitted one, or one built from a HF folder).
+loop's jitted one, or one built from a HF folder). The next chunk's sample_fn is called before
+this chunk's results are read, so an asynchronously dispatched sampler works while the host
+scores (verdicts are memoised: `scoring.VERDICTS`).
 Each instance gets ``samples`` completions at ``temperature`` (NP-Bench: 3 at
 0.7); SR@k/QR@k use the first k of them, the means use all of them.
 """
@@ -56,18 +58,25 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
   pass_ks = tuple(p for p in pass_ks if p <= samples)
   problems, correct = [], []
   cut0 = encoder.truncated["prompt"]  # this evaluation's cuts are its own, not the training's
-  chunks = range(0, len(items), batch_prompts)
+  starts = list(range(0, len(items), batch_prompts))
+  chunks = starts
   if progress:
     from tqdm import tqdm
-    chunks = tqdm(chunks, desc="eval", unit="batch", leave=False)
-  for c0 in chunks:
+    chunks = tqdm(starts, desc="eval", unit="batch", leave=False)
+  # Every chunk's key is derived now: one derived later would wait behind the device's queue
+  # (a sampler reads its key on the host) and the chunks would run in turn, not overlapped.
+  keys = jax.block_until_ready({c0: jax.random.fold_in(rng, c0) for c0 in starts})
+  launch = lambda c0: _launch(sample_fn, encoder, items, c0, batch_prompts, prompt_len, keys[c0],
+                              images)
+  pending = launch(starts[0]) if starts else None
+  for n, c0 in enumerate(chunks):
+    tokens, mask = pending
+    if n + 1 < len(starts):
+      # Dispatched before this chunk's results are read: the device samples the next chunk
+      # while the host decodes and verifies this one (the same keys and shapes as in turn).
+      pending = launch(starts[n + 1])
     chunk = items[c0:c0 + batch_prompts]
     real = len(chunk)
-    padded = chunk + [chunk[-1]] * (batch_prompts - real)  # fixed shapes: no recompilation
-    ids = [encoder.encode(key, q) for key, q in padded]
-    pt, pm = sampling.pad_prompts(ids, prompt_len, encoder.pad)
-    extra = () if images is None else (images(padded, pt, pm),)
-    tokens, mask = sample_fn(pt, pm, jax.random.fold_in(rng, c0), *extra)
     tokens, mask = dist.to_host(tokens), dist.to_host(mask)
     texts = encoder.texts(tokens, mask)
     gts = ground_truths[c0:c0 + real] if ground_truths is not None else None
@@ -92,6 +101,18 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
     out["correct"] = {name: {t: [c[j] for c in correct if c[0] == t] for t in out["per_task"]}
                       for j, name in ((1, "feasible"), (2, "optimal"))}
   return out
+
+
+def _launch(sample_fn, encoder, items, c0: int, batch_prompts: int, prompt_len: int, key, images):
+  """sample_fn on the chunk of items starting at c0 with its key, padded to batch_prompts
+  prompts with its last item (fixed shapes: no recompilation); returns what sample_fn returns
+  (device arrays, still being computed when dispatch is asynchronous)."""
+  chunk = items[c0:c0 + batch_prompts]
+  padded = chunk + [chunk[-1]] * (batch_prompts - len(chunk))
+  ids = [encoder.encode(key, q) for key, q in padded]
+  pt, pm = sampling.pad_prompts(ids, prompt_len, encoder.pad)
+  extra = () if images is None else (images(padded, pt, pm),)
+  return sample_fn(pt, pm, key, *extra)
 
 
 def held_out(run, name: str, state) -> dict:
