@@ -4,6 +4,7 @@ r"""Score a policy on NP tasks: a training workdir's checkpoint or a Hugging Fac
     python -m dmpo_jax.evaluate --hf=/models/Qwen2.5-1.5B-Instruct --style=npbench --chat \
         --tasks=TSP,knapsack --level=easy --num=20 --samples=3 --out=eval/qwen
     python -m dmpo_jax.evaluate --hf=runs/default/hf --npbench_file=bench.json --out=eval/file
+    python -m dmpo_jax.evaluate --workdir=runs/default --gym=countdown,graph_color --out=eval/gym
 
 Writes eval.json (per task, category, overall: SR@k, QR@k, SR/QR means,
 pass@k, distinct feasible solutions, length), table.txt and eval.png to
@@ -77,6 +78,9 @@ flags.DEFINE_string("workdir", None, "a training workdir (its latest checkpoint 
 flags.DEFINE_string("hf", None, "a local Hugging Face model folder")
 flags.DEFINE_string("out", None, "output folder")
 flags.DEFINE_string("tasks", "all", "comma-separated task keys or 'all'")
+flags.DEFINE_list("gym", None, "reasoning-gym tasks to score (transfer evaluation; docs/GYM.md), e.g. "
+                  "countdown,graph_color: held-out instances of each, with the task's default config, "
+                  "in place of the NP tasks unless --tasks is given too")
 flags.DEFINE_string("level", None, "level (default: the workdir's, else easy)")
 flags.DEFINE_integer("num", 12, "instances per task")
 flags.DEFINE_string("npbench_file", None, "score an NP-Bench file (NP_Bench.json, JSON list or JSONL) "
@@ -129,6 +133,13 @@ def check_flags() -> dict | None:
   unknown = [k for k in FLAGS.tasks.split(",") if FLAGS.tasks != "all" and k not in tasks_lib.names()]
   if unknown:
     raise app.UsageError(f"--tasks: unknown task(s) {unknown}; choose 'all' or keys of {tasks_lib.names()}")
+  if FLAGS.gym:
+    from dmpo_jax.data import gym
+    bad = [n for n in FLAGS.gym if n not in gym.wrapped()]
+    if bad:
+      raise app.UsageError(f"--gym: {bad} not wrapped; choose from {gym.wrapped()}")
+    if FLAGS.npbench_file:
+      raise app.UsageError("--gym and --npbench_file score different instances; give one")
   if FLAGS.skip_invalid and not FLAGS.npbench_file:
     raise app.UsageError("--skip_invalid applies to --npbench_file's records")
   return read_file() if FLAGS.npbench_file else None  # every record checked before the model loads
@@ -201,7 +212,7 @@ def load_policy():
     raise app.UsageError(f"{FLAGS.workdir} has no checkpoint yet")
   params = {"model": state}
   obj = run_lib.objective_from_config(cfg)
-  if presets.needs_log_z(obj):
+  if presets.needs(obj).log_z:
     from dmpo_jax.objectives import flowrl
     params["log_z"] = flowrl.init_log_z_head(jax.random.key(0), model.cfg.hidden_size)
   params, meta = ck.restore_params(step, params, model_build.shape(model))
@@ -308,7 +319,7 @@ def run(loaded: dict | None = None):
           f"{FLAGS.temperature}, SR@{FLAGS.k}/QR@{FLAGS.k} per task and level, compat={compat}, "
           f"ground truth from the file, prompts: {proto['prompts']}")
   else:
-    keys = tasks_lib.names() if FLAGS.tasks == "all" else FLAGS.tasks.split(",")
+    keys = eval_task_keys()
     ts = pipeline.TaskSet(keys, level, 0)
     items = ts.held_out(FLAGS.num, level)
     groups = {level: (items, [tasks_lib.get(k).reference_value(q) for k, q in items], {})}
@@ -350,6 +361,19 @@ def run(loaded: dict | None = None):
                 "(--skip_invalid; eval.json's \"skipped\" lists them)")
     plots = {("eval.png" if len(results) == 1 else f"eval_{lv}.png"): r for lv, r in results.items()}
   write_outputs(res, table, plots)
+
+
+def eval_task_keys() -> list[str]:
+  """The generated instances' task keys: --tasks (NP tasks), or the --gym tasks ("gym-<name>",
+  registered here), or both when --tasks is given explicitly beside --gym."""
+  np_keys = tasks_lib.names() if FLAGS.tasks == "all" else FLAGS.tasks.split(",")
+  np_keys = [k for k in np_keys if not k.startswith("gym-")]
+  if not FLAGS.gym:
+    return np_keys
+  from dmpo_jax.data import gym
+  gym_keys = [gym.PREFIX + n for n in FLAGS.gym]
+  gym.register_keys(gym_keys)
+  return (np_keys if FLAGS["tasks"].present else []) + gym_keys
 
 
 def write_outputs(res: dict, table: str, plots: dict) -> None:

@@ -188,3 +188,15 @@ def domain(name: str, *, key: str | None = None, size: int = 10_000, seed: int =
   except (TypeError, ValueError, AssertionError, KeyError) as e:
     raise ValueError(f"gym {name}: bad config {kwargs} ({type(e).__name__}: {e})") from None
   return domain_lib.register(GymTask(name, key, config, dataset, SCORERS[name]))
+
+
+PREFIX = "gym-"
+
+
+def register_keys(keys) -> None:
+  """Register, with its default config, every "gym-<name>" key among `keys` that is not a
+  registered task yet, so that config.tasks="gym-countdown" (or evaluate --gym=countdown)
+  works from the command line; other keys are left to the caller's checks."""
+  for key in keys:
+    if key.startswith(PREFIX) and key not in domain_lib.names():
+      domain(key[len(PREFIX):])
