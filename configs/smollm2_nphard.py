@@ -8,6 +8,8 @@ SFT, RL and evaluation on `tiny` NP instances, on a CPU.
 
 Arguments after the colon (comma-separated): `algo=<preset>` (dmpo by default; grpo, the
 DPH presets dph_f, dph_kl, ...), `level=<level>`, `seed=<int>`, `tasks=<key+key+...>`,
+`lora` (`lora=<rank>`: LoRA adapters of rank 16 on every projection instead of full
+fine-tuning, docs/TRAINING.md "LoRA"),
 `gguf=<path>` (another .gguf file or HF folder instead of the package's), `smoke` (two
 steps of each stage on a few instances, for the slow test tier), and `demo` (the collapse
 demonstration of docs/RESULTS.md: four tasks with several enumerated optima, SFT on optima,
@@ -36,6 +38,7 @@ import os
 
 from ml_collections import config_dict
 
+from dmpo_jax.models.config import LORA_TARGETS
 from dmpo_jax.training import config as config_lib
 
 nphard = config_lib.sibling(__file__, "nphard")
@@ -55,7 +58,7 @@ def package_file() -> str | None:
   return None
 
 
-KNOWN = {"algo", "level", "seed", "tasks", "gguf", "smoke", "demo"}
+KNOWN = {"algo", "level", "seed", "tasks", "gguf", "smoke", "demo", "lora"}
 # Demonstration tasks: at `tiny` these have two or more optima on 54-72% of instances (subset-sum
 # 36%), docs/COLLAPSE.md; k = 1, 2, 4, ..., 256.
 DEMO_TASKS = "GCP-D,maximum-set,maximum_clique_problem,subset-sum"
@@ -106,6 +109,14 @@ def get_config(arg: str | None = None):
     c.eval.update(num_per_task=4, samples=256, k=3, temperature=1.0, pass_ks=PASS256_KS,
                   batch_prompts=1)
     c.eval.zero_shot = False
+  if opts.get("lora"):
+    rank = 16 if opts["lora"] is True else int(opts["lora"])
+    with c.unlocked():
+      c.model.lora = config_dict.ConfigDict(dict(rank=rank, alpha=2.0 * rank, targets=LORA_TARGETS,
+                                                 init="kaiming", export="merged"))
+    # Ten times the full fine-tuning rates (a common LoRA setting, not tuned here): a rank-16
+    # update moves the weights far less per step than a full one.
+    c.sft.lr, c.rl.lr = 10 * c.sft.lr, 10 * c.rl.lr
   if opts.get("smoke"):
     c.tasks = opts.get("tasks", "subset-sum,knapsack").replace("+", ",")
     c.sft.update(steps=2, batch_size=4, warmup=1)

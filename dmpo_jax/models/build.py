@@ -1,13 +1,14 @@
 """A model and its tokenizer (or, for a vision-language model, its processor) from a training
 config's `model` block: from scratch (the task tokenizer; config.model.vision adds a
-Qwen2.5-VL tower) or from a local Hugging Face folder or GGUF file (`hf.load`)."""
+Qwen2.5-VL tower) or from a local Hugging Face folder or GGUF file (`hf.load`).
+config.model.lora adds low-rank adapters to the (language) model (`models.lora`)."""
 
 from __future__ import annotations
 
 from flax import nnx
 
-from dmpo_jax.models import hf, tokenizer as tok_lib
-from dmpo_jax.models.config import ModelConfig
+from dmpo_jax.models import hf, lora as lora_lib, tokenizer as tok_lib
+from dmpo_jax.models.config import LoRAConfig, ModelConfig
 from dmpo_jax.models.qwen2_5_vl import Qwen2_5_VL, VLConfig
 from dmpo_jax.models.transformer import Transformer
 from dmpo_jax.models.vision import VisionConfig
@@ -25,12 +26,19 @@ def build(cfg):
   vision-language model (config.model.vision from scratch, a Qwen2.5-VL folder) comes with
   its processor (`VLProcessor`) in place of the tokenizer."""
   m = cfg.model
+  if (m.get("lora") or {}).get("export") == "adapter" and (m.get("vision") or (
+      m.init != "scratch" and hf.is_vl_folder(m.init))):
+    raise ValueError("config.model.lora.export='adapter': PEFT adapter folders are written for "
+                     "text models only; use 'merged'")
   if m.init == "scratch" and m.get("vision"):
     return build_vlm(cfg)
   if m.init == "scratch":
     tok = scratch_tokenizer(cfg)
     return Transformer(scratch_config(cfg, tok), rngs=nnx.Rngs(cfg.seed)), tok
   model, tok = hf.load(m.init, dtype=m.dtype, param_dtype=m.param_dtype)
+  lcfg = lora_config(cfg)
+  if lcfg is not None:  # the base as loaded, adapters drawn from the run's seed
+    lora_lib.attach(model.language if is_vlm(model) else model, lcfg, nnx.Rngs(cfg.seed).params())
   if m.tokenizer and not is_vlm(model):
     tok = tok_lib.load(m.tokenizer)
   if tok is None:
@@ -40,6 +48,21 @@ def build(cfg):
   elif m.remat:
     model.cfg = model.cfg.replace(remat=True)  # read when the forward is traced
   return model, tok
+
+
+def lora_config(cfg) -> LoRAConfig | None:
+  """config.model.lora as a LoRAConfig (rank, alpha, targets, init); None when absent or None.
+  A bad value is a ValueError naming the field."""
+  block = cfg.model.get("lora")
+  if block is None:
+    return None
+  fields = {k: v for k, v in dict(block).items() if k != "export" and v is not None}
+  if "rank" not in fields:
+    raise ValueError("config.model.lora.rank is missing (a positive int: the adapters' rank)")
+  try:
+    return LoRAConfig(**fields)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config.model.lora: {e}") from e
 
 
 def scratch_tokenizer(cfg):
@@ -56,7 +79,7 @@ def scratch_config(cfg, tok) -> ModelConfig:
                      num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim,
                      rope_theta=m.rope_theta, dtype=m.dtype, param_dtype=m.param_dtype,
                      max_position_embeddings=m.max_prompt_len + m.max_new_tokens,
-                     architecture="llama", remat=m.remat)
+                     architecture="llama", remat=m.remat, lora=lora_config(cfg))
 
 
 def shape(model) -> dict:
@@ -89,7 +112,7 @@ def vlm_config(cfg):
                      head_dim=m.head_dim, rope_theta=m.rope_theta, dtype=m.dtype,
                      param_dtype=m.param_dtype, qkv_bias=True, architecture="qwen2",
                      max_position_embeddings=m.max_prompt_len + m.max_new_tokens,
-                     mrope_section=section, remat=m.remat)
+                     mrope_section=section, remat=m.remat, lora=lora_config(cfg))
   v = dict(m.vision)
   v["fullatt_block_indexes"] = tuple(v.get("fullatt_block_indexes", ()))
   try:

@@ -1,4 +1,5 @@
-"""ModelConfig: the frozen description of a decoder-only transformer (Llama / Qwen2 / Qwen3)."""
+"""ModelConfig: the frozen description of a decoder-only transformer (Llama / Qwen2 / Qwen3),
+and LoRAConfig, the low-rank adapters it may carry (`models.lora`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 ARCHITECTURES = ("qwen2", "llama", "qwen3")
 ROPE_TYPES = ("default", "llama3")
 ATTENTION = ("auto", "reference", "xla", "cudnn", "flash")  # see models.attention
+# The projections an adapter may target, by their Hugging Face / PEFT module names.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_INITS = ("kaiming", "gaussian")  # A's draw (PEFT's default / init_lora_weights="gaussian")
 
 
 def as_dtype(name: Any):
@@ -20,6 +24,46 @@ def as_dtype(name: Any):
       raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(_DTYPES)}")
     return _DTYPES[name]
   return jnp.dtype(name).type
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRAConfig:
+  """Low-rank adapters (arXiv 2106.09685): each targeted projection x @ W becomes
+  x @ W + (alpha / rank) * (x @ A) @ B with A [in, rank] drawn as `init` says and B [rank, out]
+  zero, so that a fresh adapter leaves the model exactly as it was. The base W is frozen.
+
+  targets: Hugging Face module names (`LORA_TARGETS`); init: 'kaiming' (A uniform in
+  +-1/sqrt(in), PEFT's default) or 'gaussian' (A normal with std 1/rank); param_dtype: the
+  adapters' storage dtype (float32 by default, whatever the base's: their AdamW state is small).
+  alpha None: alpha = rank (scale 1)."""
+
+  rank: int
+  alpha: float | None = None
+  targets: tuple[str, ...] = LORA_TARGETS
+  init: str = "kaiming"
+  param_dtype: str = "float32"
+
+  def __post_init__(self):
+    if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
+      raise ValueError(f"LoRAConfig.rank must be a positive int, got {self.rank!r}")
+    alpha = float(self.rank if self.alpha is None else self.alpha)
+    if not alpha > 0 or alpha == float("inf"):
+      raise ValueError(f"LoRAConfig.alpha must be a positive number, got {self.alpha!r}")
+    object.__setattr__(self, "alpha", alpha)
+    targets = (self.targets,) if isinstance(self.targets, str) else tuple(self.targets)
+    unknown = [t for t in targets if t not in LORA_TARGETS]
+    if unknown or not targets:
+      raise ValueError(f"LoRAConfig.targets: unknown target module(s) {unknown or targets!r}; "
+                       f"choose from {list(LORA_TARGETS)}")
+    # One order whatever the config's: parameter paths and keys do not depend on it.
+    object.__setattr__(self, "targets", tuple(t for t in LORA_TARGETS if t in targets))
+    if self.init not in LORA_INITS:
+      raise ValueError(f"LoRAConfig.init must be one of {LORA_INITS}, got {self.init!r}")
+    as_dtype(self.param_dtype)
+
+  @property
+  def scale(self) -> float:
+    return self.alpha / self.rank
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +98,7 @@ class ModelConfig:
   rope_original_max_position: int = 8192
   mrope_section: tuple[int, ...] | None = None  # multimodal RoPE: frequencies per stream (sum H/2)
   attention: str = "auto"  # attention core: 'auto' | 'reference' | 'xla' | 'cudnn' | 'flash'
+  lora: LoRAConfig | None = None  # low-rank adapters on the projections (None: none)
 
   def __post_init__(self):
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -87,11 +132,14 @@ class ModelConfig:
       if sum(self.mrope_section) != self.head_dim // 2:
         raise ValueError(f"ModelConfig.mrope_section {self.mrope_section} must sum to "
                          f"head_dim / 2 = {self.head_dim // 2}")
+    if self.lora is not None and not isinstance(self.lora, LoRAConfig):
+      raise ValueError(f"ModelConfig.lora must be a LoRAConfig or None, got {type(self.lora).__name__}")
 
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
 
   def num_params(self) -> int:
+    """The base model's parameter count (adapters: `num_adapter_params`)."""
     d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
     n, k = self.num_heads, self.num_kv_heads
     attn = d * n * h * 2 + d * k * h * 2 + (n * h + 2 * k * h) * self.qkv_bias
@@ -99,3 +147,17 @@ class ModelConfig:
     layer = attn + 3 * d * f + 2 * d
     head = 0 if self.tie_embeddings else self.vocab_size * d
     return self.num_layers * layer + self.vocab_size * d + d + head
+
+  def projection_shapes(self) -> dict[str, tuple[int, int]]:
+    """Each adaptable projection's [in, out], by its Hugging Face module name."""
+    d, f, h = self.hidden_size, self.intermediate_size, self.head_dim
+    n, k = self.num_heads, self.num_kv_heads
+    return {"q_proj": (d, n * h), "k_proj": (d, k * h), "v_proj": (d, k * h), "o_proj": (n * h, d),
+            "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}
+
+  def num_adapter_params(self) -> int:
+    """The adapters' parameter count: rank x (in + out) per targeted projection and layer."""
+    if self.lora is None:
+      return 0
+    shapes = self.projection_shapes()
+    return self.num_layers * sum(self.lora.rank * sum(shapes[t]) for t in self.lora.targets)

@@ -1,5 +1,6 @@
 """The Hugging Face format of our text Transformer: config.json <-> ModelConfig, the
-tensor name map (ours <-> HF names and layouts), and a folder's tokenizer.
+tensor name map (ours <-> HF names and layouts), a folder's tokenizer, and PEFT's LoRA adapter
+format (adapter_config.json <-> LoRAConfig, adapter tensor names and layouts).
 
 Shared by every loader (`hf` for folders and GGUF files, `qwen2_5_vl` for the language
 model of a vision-language folder); imports no other loader.
@@ -14,7 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dmpo_jax.models.config import ModelConfig
+from dmpo_jax.models import lora as lora_lib
+from dmpo_jax.models.config import LORA_TARGETS, LoRAConfig, ModelConfig
 from dmpo_jax.models.transformer import Transformer
 from dmpo_jax.models.weights import CheckpointError, load_into, read_json
 
@@ -202,15 +204,115 @@ def load_tokenizer(path: str):
 
 
 def hf_tensors(model: Transformer) -> dict[str, jax.Array]:
+  """The model's tensors by HF name, in HF layout; a model with adapters gives its merged
+  weights W + scale * A @ B (what the adapted model computes, as one dense model)."""
   cfg = model.cfg
   pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  merged = lora_lib.merged_weights(model)
   out = {}
   for ours, (hf_name, transpose) in name_map(cfg).items():
-    node = pure
-    for key in ours:
-      node = node[key]
+    node = merged.get(ours)
+    if node is None:
+      node = pure
+      for key in ours:
+        node = node[key]
     value = jnp.asarray(node)
     out[hf_name] = jnp.asarray(value.T if transpose else value)
   return out
+
+
+# ---------------------------------------------------------------------------
+# PEFT's LoRA adapter folders: adapter_config.json and adapter_model.safetensors.
+ADAPTER_CONFIG, ADAPTER_FILE = "adapter_config.json", "adapter_model.safetensors"
+# adapter_config.json fields whose non-default values change what the adapter computes and
+# are not implemented here (refused by name rather than ignored).
+_PEFT_UNSUPPORTED = ("use_dora", "use_rslora", "fan_in_fan_out", "lora_bias", "modules_to_save",
+                     "rank_pattern", "alpha_pattern", "layers_to_transform", "layers_pattern",
+                     "layer_replication", "trainable_token_indices", "target_parameters",
+                     "exclude_modules", "use_qalora", "use_bdlora", "alora_invocation_tokens")
+
+
+def peft_config(lcfg: LoRAConfig, base: str | None = None) -> dict[str, Any]:
+  """LoRAConfig -> an adapter_config.json dict that `peft.PeftModel.from_pretrained` reads."""
+  alpha = int(lcfg.alpha) if float(lcfg.alpha).is_integer() else lcfg.alpha
+  return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lcfg.rank, "lora_alpha": alpha, "target_modules": list(lcfg.targets), "lora_dropout": 0.0,
+          "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+          "init_lora_weights": True, "modules_to_save": None, "inference_mode": True,
+          "rank_pattern": {}, "alpha_pattern": {}, "layers_to_transform": None,
+          "base_model_name_or_path": base}
+
+
+def lora_from_peft(peft: dict[str, Any], where: str) -> LoRAConfig:
+  """An adapter_config.json dict -> LoRAConfig; what is not implemented is refused by name."""
+  if peft.get("peft_type") != "LORA":
+    raise CheckpointError(f"{where}: peft_type={peft.get('peft_type')!r}; only 'LORA' adapters load")
+  bad = [k for k in _PEFT_UNSUPPORTED if peft.get(k)]
+  if peft.get("bias", "none") != "none":
+    bad.append("bias")
+  if bad:
+    raise CheckpointError(f"{where}: {', '.join(f'{k}={peft[k]!r}' for k in bad)} not supported "
+                          "(plain LoRA on whole projections only)")
+  targets = peft.get("target_modules")
+  if targets == "all-linear":
+    targets = LORA_TARGETS
+  if isinstance(targets, str) or not targets:
+    raise CheckpointError(f"{where}: target_modules={targets!r}; a list of {list(LORA_TARGETS)} "
+                          "is supported (not a pattern)")
+  # PEFT matches a name by its last components, and writes "all-linear" as module paths
+  # (model.layers.0.self_attn.q_proj): the module is the last one. Every layer must then have
+  # its tensors (a missing one is refused by name).
+  names = tuple(dict.fromkeys(str(t).rsplit(".", 1)[-1] for t in targets))
+  try:
+    return LoRAConfig(rank=peft.get("r"), alpha=peft.get("lora_alpha"), targets=names)
+  except ValueError as e:
+    raise CheckpointError(f"{where}: {e}") from e
+
+
+def adapter_tensors(model: Transformer, prefix: str = "model.") -> dict[str, jax.Array]:
+  """The adapters of `model` by PEFT tensor name, in PEFT's layout (lora_A [r, in], lora_B
+  [out, r]); `prefix` is the transformers model's path to its layers' parent."""
+  if model.cfg.lora is None:
+    raise CheckpointError("the model has no adapters (ModelConfig.lora is None): nothing to save "
+                          "as an adapter; save the whole model instead")
+  out = {}
+  for (i, target), ad in lora_lib.adapters(model).items():
+    out[lora_lib.peft_name(i, target, "A", prefix)] = jnp.asarray(ad.lora_a[...]).T
+    out[lora_lib.peft_name(i, target, "B", prefix)] = jnp.asarray(ad.lora_b[...]).T
+  return out
+
+
+def attach_peft(model: Transformer, peft: dict[str, Any], read, available, where: str) -> None:
+  """Give `model` (a base without adapters) the adapter of an adapter_config.json dict and its
+  tensors: read(name) gives one, `available` lists the file's names. Every tensor is checked
+  (missing, unexpected, shape against the base) before the model is changed."""
+  if model.cfg.lora is not None:
+    raise CheckpointError(f"cannot load the adapter {where}: the model already has adapters")
+  lcfg = lora_from_peft(peft, where)
+  shapes = model.cfg.projection_shapes()
+  want = {}
+  for i in range(model.cfg.num_layers):
+    for t in lcfg.targets:
+      d_in, d_out = shapes[t]
+      want[(i, t, "A")] = (lora_lib.peft_name(i, t, "A"), (lcfg.rank, d_in))
+      want[(i, t, "B")] = (lora_lib.peft_name(i, t, "B"), (d_out, lcfg.rank))
+  names = {name for name, _ in want.values()}
+  unexpected = sorted(set(available) - names)
+  if unexpected:
+    raise CheckpointError(f"unexpected tensor(s) in {where}: {', '.join(unexpected[:10])}"
+                          f"{' ...' if len(unexpected) > 10 else ''} (layers or modules the base "
+                          "does not have)")
+  values = {}
+  for key, (name, shape) in want.items():
+    if name not in available:
+      raise CheckpointError(f"tensor {name} is missing from {where}")
+    values[key] = read(name)
+    if tuple(values[key].shape) != shape:
+      raise CheckpointError(f"tensor {name} has shape {tuple(values[key].shape)} in {where}; the "
+                            f"base needs {shape} (rank {lcfg.rank}): the adapter does not fit it")
+  lora_lib.attach(model, lcfg, jax.random.key(0))
+  dtype = jnp.dtype(lcfg.param_dtype)
+  for (i, t), ad in lora_lib.adapters(model).items():
+    ad.lora_a[...] = jnp.asarray(values[(i, t, "A")], dtype).T
+    ad.lora_b[...] = jnp.asarray(values[(i, t, "B")], dtype).T
 
 

@@ -4,7 +4,8 @@ RMSNorm, rotary embeddings (HF's rotate-half layout, the config's theta, Llama 3
 scaling, multimodal sections), optional per-head q/k RMSNorm (Qwen3),
 grouped-query attention with an optional explicit KV cache, SwiGLU MLP,
 optional QKV bias, tied or untied embeddings, separate parameter and
-compute dtypes. Every parameter carries logical axis names (`out_sharding`
+compute dtypes, optional low-rank adapters on the projections (ModelConfig.lora,
+`models.lora`). Every parameter carries logical axis names (`out_sharding`
 metadata) that `dmpo_jax.parallel.sharding` maps to mesh axes.
 
 Shapes: B batch, L tokens in this call, S key/cache length,
@@ -21,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from dmpo_jax.models import attention
+from dmpo_jax.models import lora as lora_lib
 from dmpo_jax.models import positions as positions_lib
 from dmpo_jax.models.config import ModelConfig, as_dtype
 
@@ -72,6 +74,14 @@ def dense(x, w, **kw):
   """
   y = jnp.matmul(x.reshape(-1, x.shape[-1]), w, **kw)
   return y.reshape(*x.shape[:-1], w.shape[-1])
+
+
+def project(module: nnx.Module, name: str, x):
+  """x @ module.<name> in x's dtype, plus the weight's low-rank adapter if it has one
+  (`models.lora`: x @ W + scale * (x @ A) @ B). Without one: exactly `dense(x, W)`."""
+  y = dense(x, getattr(module, name)[...].astype(x.dtype))
+  adapter = getattr(module, lora_lib.suffix(name), None)
+  return y if adapter is None else y + adapter(x)
 
 
 def inv_frequencies(cfg: ModelConfig):
@@ -164,19 +174,18 @@ class Attention(nnx.Module):
     b, l, _ = x.shape
     n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
 
-    def proj(w, bias, heads):
-      y = dense(x, w[...].astype(dt))
-      if bias is not None:
-        y = y + bias[...].astype(dt)
+    def proj(name, heads):
+      y = project(self, name, x)
+      if cfg.qkv_bias:
+        y = y + getattr(self, name + "_bias")[...].astype(dt)
       return y.reshape(b, l, heads, h)
 
-    bias = lambda name: getattr(self, name) if cfg.qkv_bias else None
-    q, kk = proj(self.q, bias("q_bias"), n), proj(self.k, bias("k_bias"), k)
+    q, kk = proj("q", n), proj("k", k)
     if cfg.qk_norm:
       q, kk = self.q_norm(q), self.k_norm(kk)
     q = rope(q, rope_tabs)  # [B, L, N, H]
     kk = rope(kk, rope_tabs)  # [B, L, K, H]
-    vv = proj(self.v, bias("v_bias"), k)
+    vv = proj("v", k)
     impl = attention.resolve(cfg.attention, dt)
     if fused and impl != "reference":
       out = attention.core(impl)(q, kk, vv, mask, offsets).reshape(b, l, n * h)
@@ -184,7 +193,7 @@ class Attention(nnx.Module):
       if layer_cache is not None:  # a prefill: the whole cache is this call's keys
         new_cache = dict(layer_cache, k=kk.transpose(0, 2, 3, 1).astype(layer_cache["k"].dtype),
                          v=vv.transpose(0, 2, 1, 3).astype(layer_cache["v"].dtype))
-      return dense(out, self.o[...].astype(dt)), new_cache
+      return project(self, "o", out), new_cache
 
     # Keys are kept as [B, K, H, S] and values as [B, K, S, H]: both attention
     # dots are then plain row-major matmuls per (b, k), which XLA:CPU runs ~4x
@@ -225,7 +234,7 @@ class Attention(nnx.Module):
       out = (prefix_out.reshape(b, k, g * l, h).astype(dt)
              + jnp.einsum("bkqs,bksh->bkqh", probs[..., p:], vv))
     out = attention.ungrouped(out, n)  # [B, L, N*H]
-    return dense(out, self.o[...].astype(dt)), new_cache
+    return project(self, "o", out), new_cache
 
 
 @jax.custom_vjp
@@ -259,10 +268,8 @@ class MLP(nnx.Module):
     self.down = init_param(rngs, (f, d), pd, ("mlp", "embed"))
 
   def __call__(self, x):
-    dt = x.dtype
-    g = dense(x, self.gate[...].astype(dt))
-    u = dense(x, self.up[...].astype(dt))
-    return dense(swiglu(g, u), self.down[...].astype(dt))
+    g, u = project(self, "gate", x), project(self, "up", x)
+    return project(self, "down", swiglu(g, u))
 
 
 class Block(nnx.Module):
@@ -294,6 +301,8 @@ class Transformer(nnx.Module):
     self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs=rngs)
     if not cfg.tie_embeddings:
       self.lm_head = init_param(rngs, (cfg.hidden_size, cfg.vocab_size), pd, ("embed", "vocab"))
+    if cfg.lora is not None:  # drawn after the base: the base is the one without adapters
+      lora_lib.attach(self, cfg.lora, rngs.params())
 
   def init_cache(self, batch: int, length: int, dtype=None) -> Cache:
     """A zero KV cache of S = length slots for B = batch rows."""

@@ -22,6 +22,15 @@ with `--train_vision` (RL and SFT freeze the tower by default,
 tower's activations for `--patch_budget` patches per prompt. A frozen tower
 has no AdamW state either (`make_optimizer(freeze_vision=True)` gives its
 params a zero update and no moments).
+
+LoRA (`--lora_rank`, or a config's model.lora; docs/TRAINING.md "LoRA"): the base is frozen
+(bfloat16 by default here: a frozen base needs no float32 master copy), so gradients and AdamW
+state are the adapters' alone (float32), and the reference policy is the base with the
+adapters off: no second copy. The trainable-parameter count is exact (the adapters of the
+abstractly built model).
+
+    python -m dmpo_jax.parallel.plan --model=qwen2.5-7b --mesh=data=1,fsdp=1,tensor=1 \
+        --device_gib=80 --lora_rank=64 --prompts=8 --group=8 --prompt_len=1024 --remat
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ import numpy as np
 
 from dmpo_jax.parallel import sharding
 from dmpo_jax.models import attention
-from dmpo_jax.models.config import ATTENTION, ModelConfig, as_dtype
+from dmpo_jax.models.config import ATTENTION, LORA_TARGETS, LoRAConfig, ModelConfig, as_dtype
 from dmpo_jax.models.vision import VisionConfig
 
 # Published Qwen2.5-Instruct shapes (config.json of each model).
@@ -119,19 +128,19 @@ def _module(cfg):
   return Qwen2_5_VL
 
 
-def param_bytes_per_device(cfg, mesh_shape: dict) -> tuple[int, int, int]:
+def param_bytes_per_device(cfg, mesh_shape: dict, adapters: bool = False) -> tuple[int, int, int]:
   """(bytes per device, total bytes, number of params) of the parameters of the model of
   `cfg`: a ModelConfig (text Transformer), a VisionConfig (the vision tower alone) or a
-  VLConfig (both)."""
-  return _param_bytes(cfg, tuple(sorted((a, int(n)) for a, n in mesh_shape.items())))
+  VLConfig (both). adapters: of its LoRA adapters alone (cfg.lora)."""
+  return _param_bytes(cfg, tuple(sorted((a, int(n)) for a, n in mesh_shape.items())), adapters)
 
 
 @functools.lru_cache(maxsize=32)  # a config's check plans several workloads of one model
-def _param_bytes(cfg, mesh_items: tuple) -> tuple[int, int, int]:
+def _param_bytes(cfg, mesh_items: tuple, adapters: bool = False) -> tuple[int, int, int]:
   from flax import nnx
   module = _module(cfg)
   abstract = nnx.eval_shape(lambda: module(cfg, rngs=nnx.Rngs(0)))
-  state = nnx.state(abstract, nnx.Param)
+  state = nnx.state(abstract, nnx.LoRAParam if adapters else nnx.Param)
   specs = nnx.get_partition_spec(state)
   mesh = _fake_mesh(dict(mesh_items))
   per_dev = total = count = 0
@@ -219,10 +228,15 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
   v_dev = v_total = n_vision = 0
   if vc is not None:
     v_dev, v_total, n_vision = param_bytes_per_device(vc, mesh_shape)
-  v_grads = v_dev if vc is not None and work.train_vision else 0
-  opt = 2 * (p_dev + v_grads)  # AdamW mu and nu, param dtype, sharded like the params; none
+  lora = cfg.lora is not None
+  v_grads = v_dev if vc is not None and work.train_vision and not lora else 0
+  # What is trained: every text param (and a trained tower), or with LoRA the adapters alone
+  # (the base, tower included, is frozen: no gradients, no AdamW state).
+  t_dev, _, n_trained = (param_bytes_per_device(cfg, mesh_shape, adapters=True) if lora
+                         else (p_dev, p_total, n_params))
+  opt = 2 * (t_dev + v_grads)  # AdamW mu and nu, param dtype, sharded like the params; none
   #                              for a frozen tower (make_optimizer(freeze_vision=True))
-  grads = p_dev + v_grads    # a frozen tower's gradients are stop_gradient zeros, never stored
+  grads = t_dev + v_grads    # a frozen tower's gradients are stop_gradient zeros, never stored
   act_bytes = np.dtype(as_dtype(cfg.dtype)).itemsize
   rows = work.prompts * work.group  # sampled together
   rows_dev = -(-rows // rows_div)
@@ -254,16 +268,20 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
   kv_heads_dev = _split(cfg.num_kv_heads, tensor)
   kv = rows_dev * seq * L * 2 * kv_heads_dev * cfg.head_dim * act_bytes
   all_p = p_dev + v_dev
-  ref = all_p if work.reference else 0  # the reference policy: frozen params, no optimizer state
+  # The reference policy: frozen params, no optimizer state; with LoRA the base with the
+  # adapters off (models/lora.py): no copy.
+  ref = all_p if work.reference and not lora else 0
   train_total = all_p + ref + opt + grads + acts + logits
   sample_total = all_p + ref + opt + kv + rows_dev * cfg.vocab_size * 4 + v_sample  # tower: counted
   #                                                        as if it overlapped the KV cache
   out = {"devices": ndev, "mesh": dict(mesh_shape), "params": n_params + n_vision,
+         "trainable_params": n_trained + (n_vision if v_grads else 0), "lora": cfg.lora,
          "param_bytes_total": p_total + v_total,
          "param_bytes": all_p, "reference_bytes": ref, "optimizer_bytes": opt, "grad_bytes": grads,
          "activation_bytes": acts, "sampling_logit_bytes": rows_dev * cfg.vocab_size * 4,
          "attention": impl, "logit_bytes": logits, "kv_cache_bytes": kv, "update_peak_bytes": train_total,
          "sampling_peak_bytes": sample_total, "rows_per_device": rows_dev, "micro_rows": micro_rows,
+         "reference": work.reference,
          "activation_note": "activations, logits and KV cache are shape estimates; params and "
                             "optimizer state are exact"}
   if vc is not None:
@@ -279,12 +297,19 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
 
 def format_plan(name: str, p: dict) -> str:
   g = lambda b: f"{b / GIB:8.2f} GiB"
-  lines = [f"{name}: {p['params'] / 1e9:.3f} B params on {p['devices']} device(s), mesh {p['mesh']}, "
-           f"{p['rows_per_device']} rows per device ({p['micro_rows']} per update slice)",
+  lora = p.get("lora")
+  trained = (f"LoRA rank {lora.rank} on {', '.join(lora.targets)}: {p['trainable_params'] / 1e6:.1f} "
+             "M trainable, the base frozen" if lora else f"{p['trainable_params'] / 1e9:.3f} B trainable")
+  lines = [f"{name}: {p['params'] / 1e9:.3f} B params ({trained}) on {p['devices']} device(s), "
+           f"mesh {p['mesh']}, {p['rows_per_device']} rows per device ({p['micro_rows']} per update "
+           "slice)",
            f"  params        {g(p['param_bytes'])}   (total {p['param_bytes_total'] / GIB:.2f} GiB)",
            *([f"  reference     {g(p['reference_bytes'])}   (a frozen copy of the params)"]
              if p.get("reference_bytes") else []),
-           f"  optimizer     {g(p['optimizer_bytes'])}   (AdamW mu + nu)",
+           *([f"  reference     {g(0)}   (the base with the adapters off: no copy)"]
+             if lora and p.get("reference") else []),
+           f"  optimizer     {g(p['optimizer_bytes'])}   (AdamW mu + nu"
+           f"{' of the adapters' if lora else ''})",
            f"  gradients     {g(p['grad_bytes'])}",
            f"  activations   {g(p['activation_bytes'])}   (estimate; attention core {p['attention']!r})",
            f"  logits f32    {g(p['logit_bytes'])}   (estimate)",
@@ -303,6 +328,18 @@ def format_plan(name: str, p: dict) -> str:
   if "fits" in p:
     lines.append(f"  device        {g(p['device_bytes'])}   -> {'fits' if p['fits'] else 'DOES NOT FIT'}")
   return "\n".join(lines)
+
+
+def with_lora(cfg, rank: int, targets: str, error):
+  """`cfg` (a ModelConfig or VLConfig) with LoRA adapters of `rank` (alpha = 2 x rank) on the
+  comma-separated `targets`; a bad value is error(message) naming the flag."""
+  try:
+    lcfg = LoRAConfig(rank=rank, alpha=2.0 * rank, targets=tuple(filter(None, targets.split(","))))
+  except ValueError as e:
+    error(f"--lora_rank/--lora_targets: {e}")
+  if isinstance(cfg, ModelConfig):
+    return cfg.replace(lora=lcfg)
+  return dataclasses.replace(cfg, text=cfg.text.replace(lora=lcfg))
 
 
 def _parse_mesh(text: str) -> dict:
@@ -335,13 +372,25 @@ def main(argv=None):
   ap.add_argument("--patch_budget", type=int, default=None,
                   help="vision-language models: image patches per prompt, before the 2 x 2 merge "
                        "(default: the config's image.patch_budget, else 1024)")
+  ap.add_argument("--lora_rank", type=int, default=None,
+                  help="plan LoRA fine-tuning: adapters of this rank on --lora_targets, the base "
+                       "frozen (docs/TRAINING.md 'LoRA')")
+  ap.add_argument("--lora_targets", default=",".join(LORA_TARGETS),
+                  help="with --lora_rank: the projections adapted, comma-separated")
+  ap.add_argument("--param_dtype", default=None, choices=("float32", "bfloat16", "float16"),
+                  help="the stored weights' dtype (default: float32; with --lora_rank the frozen "
+                       "base's, bfloat16)")
+  ap.add_argument("--reference", action="store_true",
+                  help="a reference policy is held (KL presets): a copy of the params, or with "
+                       "LoRA the base with the adapters off (no copy)")
   ap.add_argument("--train_vision", action="store_true", default=None,
                   help="vision-language models: the vision tower is trained (default: frozen, "
                        "as rl.freeze_vision)")
   args = ap.parse_args(argv)
   mesh = _parse_mesh(args.mesh)
   work = Workload(args.prompts, args.group, args.prompt_len, args.new_tokens, args.remat,
-                  args.micro_batches, args.backend)
+                  args.micro_batches, args.backend, reference=args.reference)
+  param_dtype = args.param_dtype or ("bfloat16" if args.lora_rank else "float32")
   if args.config:
     import importlib.util, json, os
     path, _, arg = args.config.partition(":")
@@ -355,6 +404,11 @@ def main(argv=None):
     vl = hf_cfg.get("model_type") == qwen2_5_vl.MODEL_TYPE
     cfg = (qwen2_5_vl if vl else hf).config_from_hf(hf_cfg, dtype=c.model.dtype,
                                                     param_dtype=c.model.param_dtype)
+    from dmpo_jax.models import build
+    lcfg = build.lora_config(c)  # config.model.lora
+    if lcfg is not None:
+      cfg = (dataclasses.replace(cfg, text=cfg.text.replace(lora=lcfg)) if vl else
+             cfg.replace(lora=lcfg))
     mesh = {k: v for k, v in dict(c.mesh).items() if v != -1} or mesh
     image = dict(c.get("image") or {})
     work = Workload(c.rl.prompts_per_step, c.rl.group_size, c.model.max_prompt_len,
@@ -363,14 +417,16 @@ def main(argv=None):
                     not c.rl.get("freeze_vision", True))
     name = c.model.init
   elif args.model in VL_MODELS:
-    cfg = vl_config(args.model, dtype=args.dtype)
+    cfg = vl_config(args.model, dtype=args.dtype, param_dtype=param_dtype)
     name = args.model
   elif args.model:
-    cfg = ModelConfig(**MODELS[args.model], dtype=args.dtype, param_dtype="float32")
+    cfg = ModelConfig(**MODELS[args.model], dtype=args.dtype, param_dtype=param_dtype)
     name = args.model
   else:
     ap.error("give --model or --config")
   is_vl = not isinstance(cfg, ModelConfig)
+  if args.lora_rank is not None:
+    cfg = with_lora(cfg, args.lora_rank, args.lora_targets, ap.error)
   for flag, value in (("--patch_budget", args.patch_budget), ("--train_vision", args.train_vision)):
     if value is not None and not is_vl:
       ap.error(f"{flag} applies to vision-language models only; {name} is a text model")

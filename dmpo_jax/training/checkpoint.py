@@ -11,6 +11,11 @@ own item, ``checkpoints/reference``: written once when RL starts, outside
 the step rotation (``keep`` never deletes it), and restored on resume so that
 a resumed run regularises toward the same policy as an uninterrupted one.
 
+A LoRA run (config.model.lora, `models.lora`) trains only its adapters: a step saves the
+adapters (and any FlowRL log Z head) with their optimizer state, and the frozen base is its
+own item, ``checkpoints/base``, written once with the first step and restored with every
+step (`split_frozen`). Its reference policy is the base with the adapters off: no item.
+
 A damaged workdir (a disk that filled up, a copy cut short) can hold a step
 folder whose files are incomplete. `usable_step` finds the newest step whose
 metadata files are whole; newer damaged steps are moved to
@@ -29,18 +34,54 @@ import time
 import jax
 import orbax.checkpoint as ocp
 
+from dmpo_jax.models import lora as lora_lib
+
 # The one error for a checkpoint that cannot be used (another model shape, damaged, ...),
 # shared with the model loaders.
 from dmpo_jax.models.weights import CheckpointError  # noqa: F401
 
 
 REFERENCE = "reference"  # folder of the reference policy inside the checkpoint directory
+BASE = "base"  # folder of a LoRA run's frozen base params (written once)
 
 
 # The files of a step folder that must parse as JSON objects, with the keys they must hold.
 STEP_FILES = (("_CHECKPOINT_METADATA", ()), ("meta/metadata", ("step", "stage", "seed", "model_shape",
                                                                "counters")),
               ("state/_METADATA", ()))
+
+
+def path_keys(path) -> tuple[str, ...]:
+  """A leaf's key path as names ('model', 'layers', '0', ..., 'value')."""
+  return tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def split_frozen(params):
+  """(trained, frozen) parts of a params tree: for a LoRA model, nested dicts of its trained
+  leaves (adapters, log Z head) and of its frozen base (`lora.is_base_path`); otherwise
+  (params, None): everything is saved at every step."""
+  if not lora_lib.has_adapters(params):
+    return params, None
+  parts = ({}, {})
+  for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+    *keys, last = path_keys(path)
+    node = parts[lora_lib.is_base_path(path)]
+    for k in keys:
+      node = node.setdefault(k, {})
+    node[last] = x
+  return parts
+
+
+def join_frozen(params, trained, frozen):
+  """The params tree of `params`' structure from `split_frozen`'s two parts."""
+  flat, treedef = jax.tree_util.tree_flatten_with_path(params)
+  leaves = []
+  for path, _ in flat:
+    node = frozen if lora_lib.is_base_path(path) else trained
+    for k in path_keys(path):
+      node = node[k]
+    leaves.append(node)
+  return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 class Checkpointer:
@@ -52,6 +93,7 @@ class Checkpointer:
     self.keep = keep
     self.mngr = self._manager()
     self.reference_path = os.path.join(self.directory, REFERENCE)
+    self.base_path = os.path.join(self.directory, BASE)
 
   def _manager(self):
     return ocp.CheckpointManager(
@@ -112,9 +154,13 @@ class Checkpointer:
             if n.isdigit() and os.path.isdir(os.path.join(self.directory, n))]
 
   def save(self, step: int, params, opt_state, meta: dict) -> None:
-    """Save (synchronously); a step that is already saved is left as it is."""
+    """Save (synchronously); a step that is already saved is left as it is. A LoRA model's
+    frozen base goes to the base item, once (before its first step)."""
     if step in self.mngr.all_steps():
       return
+    params, frozen = split_frozen(params)
+    if frozen is not None:
+      self.save_base(frozen)
     self.mngr.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
         meta=ocp.args.JsonSave(meta)), force=True)
@@ -142,26 +188,60 @@ class Checkpointer:
     """The params alone (evaluation), in the structure/shardings of `params`, whatever the
     optimizer that wrote the checkpoint; returns (params, meta)."""
     meta = self._checked_meta(step, model_shape)
-    abstract = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, params)}
+    trained, frozen = split_frozen(params)
+    abstract = {"params": jax.tree.map(ocp.utils.to_shape_dtype_struct, trained)}
     try:
       state = self.mngr.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
           abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
           partial_restore=True)))["state"]
     except Exception as e:  # orbax raises assorted types on shape/structure mismatch
       raise CheckpointError(f"cannot restore the params of {self.directory}/{step}: {e}") from e
-    return state["params"], meta
+    return self._with_base(params, state["params"], frozen), meta
 
   def restore(self, step: int, params, opt_state, model_shape: dict):
     """Restore into the structure/shardings of (params, opt_state); refuse another model shape."""
     meta = self._checked_meta(step, model_shape)
-    target = {"params": params, "opt_state": opt_state}
+    trained, frozen = split_frozen(params)
+    target = {"params": trained, "opt_state": opt_state}
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
     try:
       state = self.mngr.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract)))["state"]
     except Exception as e:  # orbax raises assorted types on shape/structure mismatch
       raise CheckpointError(f"cannot restore {self.directory}/{step}: {e}") from e
-    return state["params"], state["opt_state"], meta
+    return self._with_base(params, state["params"], frozen), state["opt_state"], meta
+
+  def _with_base(self, params, trained, frozen):
+    """Restored trained params joined with the base item (a LoRA model); else `trained`."""
+    if frozen is None:
+      return trained
+    return join_frozen(params, trained, self.restore_base(frozen))
+
+  def has_base(self) -> bool:
+    return os.path.isdir(self.base_path)
+
+  def save_base(self, frozen) -> None:
+    """Write a LoRA model's frozen base once (an existing one is kept: it is the run's)."""
+    if self.has_base():
+      return
+    saver = ocp.StandardCheckpointer()
+    saver.save(self.base_path, frozen)
+    saver.wait_until_finished()
+    saver.close()
+
+  def restore_base(self, frozen):
+    """The saved frozen base, in the structure and shardings of `frozen`."""
+    if not self.has_base():
+      raise CheckpointError(f"{self.base_path} is missing: a LoRA run's checkpoints hold the "
+                            "adapters only, and its frozen base is saved there once")
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, frozen)
+    loader = ocp.StandardCheckpointer()
+    try:
+      return loader.restore(self.base_path, abstract)
+    except Exception as e:  # orbax raises assorted types on shape/structure mismatch
+      raise CheckpointError(f"cannot restore the frozen base {self.base_path}: {e}") from e
+    finally:
+      loader.close()
 
   def has_reference(self) -> bool:
     return os.path.isdir(self.reference_path)

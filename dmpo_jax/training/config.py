@@ -27,9 +27,11 @@ import re
 from typing import Any, Callable
 
 from dmpo_jax.data import domain
+from dmpo_jax.data import gym
 from dmpo_jax.data import images as multimodal
 from dmpo_jax.data import transcripts
-from dmpo_jax.objectives import presets, terms
+from dmpo_jax.models.config import LORA_INITS, LORA_TARGETS
+from dmpo_jax.objectives import presets
 from dmpo_jax.parallel import sharding
 from dmpo_jax.training import memory
 
@@ -78,8 +80,20 @@ def Str(optional=False) -> Spec:
 
 
 def Choice(names, optional=False) -> Spec:
-  names = tuple(names)
-  return Spec((str,), f"one of {list(names)}", lambda v: v in names, optional)
+  """One of `names`: a sequence, or a function listing them when a value is checked (a
+  registry that may grow after import, as the presets do)."""
+  listing = names if callable(names) else (lambda fixed=tuple(names): fixed)
+  return Spec((str,), Listing(listing), lambda v: v in listing(), optional)
+
+
+class Listing:
+  """"one of [...]" of the names a function lists, spelt when a message is made."""
+
+  def __init__(self, names: Callable[[], Any]):
+    self.names = names
+
+  def __str__(self):
+    return f"one of {list(self.names())}"
 
 
 def Ints(lo: int = 1, optional=False) -> Spec:
@@ -116,13 +130,20 @@ SCHEMA: dict[str, Spec] = {
     "model.max_prompt_len": Int(1), "model.max_new_tokens": Int(1), "model.remat": Bool(),
     "model.vision": Spec((dict, object), "a dict of vision-tower sizes", optional=True),
     "model.mrope_section": Ints(1, optional=True),
+    # low-rank adapters (models/lora.py, docs/TRAINING.md "LoRA"); absent or None: full fine-tuning
+    "model.lora": Spec((type(None),), "None, or a block of rank, alpha, targets, init, export",
+                       optional=True),
+    "model.lora.rank": Int(1, optional=True), "model.lora.alpha": Float(0, optional=True),
+    "model.lora.targets": Strs(LORA_TARGETS, optional=True),
+    "model.lora.init": Choice(LORA_INITS, optional=True),
+    "model.lora.export": Choice(("merged", "adapter"), optional=True),
     "sft.steps": Int(0), "sft.batch_size": Int(1), "sft.lr": Float(0), "sft.warmup": Int(0),
     "sft.solutions_per_instance": Int(1), "sft.targets": Choice(("sampled", "optimal")),
     "sft.freeze_vision": Bool(), "sft.vision_lr_scale": Float(0),
     "dph.num_prompts": Int(1), "dph.samples": Int(1),
     "dph.correct": Choice(("feasible", "optimal")), "dph.pef_threshold": Float(0, hi=1.0),
     "dph.batch": Int(1), "dph.weighting": Choice(("separate", "per_sample")),
-    "rl.algo": Choice(presets.preset_names()), "rl.steps": Int(0), "rl.prompts_per_step": Int(1),
+    "rl.algo": Choice(presets.preset_names), "rl.steps": Int(0), "rl.prompts_per_step": Int(1),
     "rl.group_size": Int(1), "rl.lr": Float(0), "rl.temperature": Float(0),
     "rl.top_p": Float(0, hi=1.0), "rl.max_grad_norm": Float(0), "rl.curriculum": Str(),
     "rl.rollout_chunks": Int(1), "rl.micro_batches": Int(0), "rl.nonfinite_patience": Int(1),
@@ -224,7 +245,9 @@ def task_keys(cfg) -> list[str]:
   """config.tasks: "all", or task keys separated by "," or "+"."""
   if cfg.tasks == "all":
     return domain.names()
-  return [k.strip() for k in cfg.tasks.replace("+", ",").split(",") if k.strip()]
+  keys = [k.strip() for k in cfg.tasks.replace("+", ",").split(",") if k.strip()]
+  gym.register_keys(keys)  # "gym-<name>": a reasoning-gym task with its default config
+  return keys
 
 
 def check_tasks(cfg) -> list[str]:
@@ -288,15 +311,10 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
     raise ConfigError(f"config.model.num_kv_heads={m.num_kv_heads} must divide "
                       f"config.model.num_heads={m.num_heads}")
   g = cfg.rl.group_size
-  if g < 2 and obj.advantage in terms.NEEDS_GROUP:
-    raise ConfigError(f"config.rl.group_size={g}: {obj.advantage} advantages need a group of at "
-                      "least 2 (a std or leave-one-out over one sample is undefined)")
-  if g < 2 and obj.dm_coef > 0:
-    raise ConfigError(f"config.rl.group_size={g}: DMPO's group distribution needs G >= 2")
-  try:
-    presets.check_group_size(obj, g)  # pass@k advantages need G >= k
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
+  need = presets.needs(obj)
+  group_error = need.group_error(g)  # a std or L_DM over one sample, Pass@k's k <= G, ...
+  if group_error:
+    raise ConfigError(group_error)
   rows = sharding.batch_rows(mesh)
   for name, n in (("rl.prompts_per_step", cfg.rl.prompts_per_step), ("sft.batch_size", cfg.sft.batch_size),
                   ("eval.batch_prompts", cfg.eval.batch_prompts), ("dph.batch", cfg.dph.batch)):
@@ -322,7 +340,7 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
                       f"{cfg.rl.prompts_per_step}, and each piece's rows by the mesh's data x fsdp ({rows})")
   mb = cfg.rl.micro_batches
   if mb > 0 and (cfg.rl.prompts_per_step % mb or (cfg.rl.prompts_per_step // mb) % rows or (
-      obj.divergence is not None and cfg.dph.batch % mb)):
+      need.dph_store and cfg.dph.batch % mb)):
     raise ConfigError(f"config.rl.micro_batches={mb} must be 0 (auto) or divide rl.prompts_per_step="
                       f"{cfg.rl.prompts_per_step} (and dph.batch), leaving slices divisible by the "
                       f"mesh's data x fsdp size ({rows})")
@@ -437,7 +455,7 @@ def flag_error(e: BaseException, argv) -> str:
 
 def known_fields() -> list[str]:
   """Every field path a config may hold (SCHEMA's, with rl.objective's spelt out)."""
-  objective = [f"rl.objective.{f.name}" for f in dataclasses.fields(presets.ObjectiveConfig)]
+  objective = [f"rl.objective.{name}" for name in presets.field_names()]
   return [p for p in SCHEMA if not p.endswith(".*")] + objective
 
 

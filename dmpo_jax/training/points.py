@@ -19,6 +19,13 @@ summed over the completion's tokens):
   note "Approximating KL Divergence", 2020).
 
 k1 is the one reported; both are averaged per instance, then as the metrics are.
+
+Both log-probs come from `completion_logprobs`: each prompt's keys and values are computed once
+and shared by its samples (as the sampler decodes them), so a point does not run the P prompt
+slots once per sample; both policies in one jitted call (`make_kl_logprobs`). It equals the
+update's full forward (`steps.make_logprob_fn`) up to float32 rounding, and the same function
+for both policies gives KL = 0 exactly where they are equal (tests/training/test_eval_speed.py;
+docs/PERFORMANCE.md, issue 38: about 4x faster than that forward run for each policy).
 """
 
 from __future__ import annotations
@@ -28,9 +35,12 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
+from dmpo_jax.models import lora, positions
+from dmpo_jax.objectives import common
 from dmpo_jax.parallel import distributed as dist
-from dmpo_jax.training import evaluation, report, steps
+from dmpo_jax.training import evaluation, report
 
 KL_KEYS = ("kl_k1", "kl_k3")
 DIR = "points"
@@ -51,6 +61,46 @@ def kl_terms(logp, logp0, mask) -> dict:
   m = np.asarray(mask, np.float64)
   lr = np.sum((np.asarray(logp, np.float64) - np.asarray(logp0, np.float64)) * m, axis=-1)
   return {"kl_k1": lr, "kl_k3": np.expm1(-lr) + lr}
+
+
+def completion_logprobs(graphdef, params, prompt_tokens, prompt_mask, tokens, temperature: float):
+  """Token log-probs [B, T] (float32, at `temperature`) of completions `tokens` [B, T] of the
+  left-padded prompts [Bp, P] (mask [Bp, P]), each prompt's B / Bp samples adjacent: the
+  sampler's layout. The prompts run once (a prefill), their keys and values are repeated into
+  each sample's cache ahead of its completion slots, and the completions run as one call over
+  that cache: the positions, visibility and attention are the full forward's, without its
+  B x P prompt slots. A text policy (the points sample text prompts)."""
+  model = nnx.merge(graphdef, params["model"])
+  (bp, p), (b, t) = prompt_tokens.shape, tokens.shape
+  r = b // bp
+  offsets = positions.left_pad_offsets(prompt_mask)  # [Bp]
+  x, prefix = model.hidden(prompt_tokens, offsets=offsets, cache=model.init_cache(bp, p),
+                           cache_index=0)
+  first = jnp.repeat(x[:, -1:], r, axis=0)  # the last prompt slot predicts completion token 0
+  if t == 1:
+    h = first
+  else:
+    cache = tuple({"k": jnp.pad(jnp.repeat(c["k"], r, 0), ((0, 0), (0, 0), (0, 0), (0, t - 1))),
+                   "v": jnp.pad(jnp.repeat(c["v"], r, 0), ((0, 0), (0, 0), (0, t - 1), (0, 0)))}
+                  for c in prefix)
+    rest, _ = model.hidden(tokens[:, :-1], offsets=jnp.repeat(offsets, r), cache=cache,
+                           cache_index=p)  # slots P .. P+T-2, after the prompt's P
+    h = jnp.concatenate([first, rest], axis=1)
+  return common.token_logprobs(model.unembed(h), tokens, temperature=temperature)
+
+
+def make_kl_logprobs(graphdef, temperature: float, *, shardings=None):
+  """Jitted (params, start_params, prompt_tokens [Bp, P], prompt_mask [Bp, P], tokens [B, T])
+  -> (logp, logp0), each [B, T]: `completion_logprobs` under both policies in one call.
+  shardings: (params', prompts' (replicated), rows') shardings."""
+  def run(params, start, prompt_tokens, prompt_mask, tokens):
+    lp = lambda p: completion_logprobs(graphdef, p, prompt_tokens, prompt_mask, tokens, temperature)
+    return lp(params), lp(start)
+
+  if shardings is None:
+    return jax.jit(run)
+  p_sh, rep, data_sh = shardings
+  return jax.jit(run, in_shardings=(p_sh, p_sh, rep, rep, data_sh), out_shardings=(data_sh, data_sh))
 
 
 def kl_estimate(log_ratio) -> dict:
@@ -118,7 +168,8 @@ class Points:
     cfg = run.cfg
     self.steps = point_steps(cfg.rl.steps, cfg.eval.points)
     self.sets = sets_of(run.taskset, cfg) if self.steps else {}
-    self.samples = parse_samples(cfg.eval.points_samples or cfg.eval.samples, list(self.sets))
+    self.samples = (parse_samples(cfg.eval.points_samples or cfg.eval.samples, list(self.sets))
+                    if self.steps else {})  # eval.points = 0: a per-set spec names no set here
     self._samplers, self._logprob = {}, None
 
   @property
@@ -146,44 +197,51 @@ class Points:
   def evaluate(self, state, rl_step: int) -> dict:
     run, cfg = self.run, self.run.cfg
     if self._logprob is None:  # one log-prob function, one sampler per sample count
-      self._logprob = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
-                                              shardings=(run.p_sh, run.data_sh, None))
+      self._logprob = make_kl_logprobs(run.graphdef, cfg.rl.temperature,
+                                       shardings=(run.p_sh, run.rep, run.data_sh))
     out = {"rl_step": rl_step, "step": state.step, "temperature": cfg.rl.temperature,
            "samples": self.samples, "kl_estimator": "k1 (mean sequence log-ratio); k3 beside", "sets": {}}
     for i, (name, items) in enumerate(self.sets.items()):
       g = self.samples[name]
-      if not g:
-        continue
-      if g not in self._samplers:
-        self._samplers[g] = run.sampler(run.sampling_config(g, cfg.rl.temperature, cfg.rl.top_p))
-      out["sets"][name] = self._one(state, items, g, self._samplers[g], self._logprob,
-                                    jax.random.fold_in(state.eval_key(), 7919 + i))
+      if g:
+        out["sets"][name] = self._one(state, items, g, self.sampler_for(g), self._logprob,
+                                      self.set_key(state, i))
     if dist.is_main():
       os.makedirs(os.path.dirname(self.path(rl_step)), exist_ok=True)
       report.write_json(out, self.path(rl_step))
     return out
 
-  def _one(self, state, items, g: int, sampler, logprob, rng) -> dict:
+  def sampler_for(self, g: int):
+    """The points' sampler of g samples per instance at the RL temperature (one each)."""
+    if g not in self._samplers:
+      cfg = self.run.cfg
+      self._samplers[g] = self.run.sampler(self.run.sampling_config(g, cfg.rl.temperature, cfg.rl.top_p))
+    return self._samplers[g]
+
+  @staticmethod
+  def set_key(state, i: int):
+    """The sampling key of the i-th instance set at a point."""
+    return jax.random.fold_in(state.eval_key(), 7919 + i)
+
+  def _one(self, state, items, g: int, sampler, kl_logprobs, rng) -> dict:
     run, cfg = self.run, self.run.cfg
     bp = cfg.eval.batch_prompts
-    terms, offset = [], [0]
+    start = lora.reference_params(self.start, state.params)  # LoRA: the base, adapters off
+    pending = []  # device arrays of each chunk, read once every chunk is dispatched
 
     def sample_fn(pt, pm, key):
       tokens, mask, _ = sampler(state.params, pt, pm, key)
-      rows = lambda x: dist.to_global(np.repeat(x, g, 0), run.data_sh)
-      seqs = {"tokens": jnp.concatenate([rows(pt), tokens], 1), "prompt_mask": rows(pm)}
-      lp, lp0 = logprob(state.params, seqs), logprob(self.start, seqs)
-      real = min(bp, len(items) - offset[0]) * g
-      offset[0] += bp
-      t = kl_terms(dist.to_host(lp), dist.to_host(lp0), dist.to_host(mask))
-      terms.append({k: v[:real] for k, v in t.items()})
+      pending.append(kl_logprobs(state.params, start, dist.to_global(pt, run.rep),
+                                 dist.to_global(pm, run.rep), tokens) + (mask,))
       return tokens, mask
 
     res = evaluation.evaluate(
         sample_fn, run.encoder, items, samples=g, k=min(cfg.eval.k, g), pass_ks=tuple(cfg.eval.pass_ks),
         rng=rng, batch_prompts=bp, prompt_len=run.prompt_len, reward_cfg=run.reward_cfg,
         collapse=run.taskset.collapse)
-    per_sample = {k: np.concatenate([t[k] for t in terms]).reshape(len(items), g) for k in KL_KEYS}
+    terms = [kl_terms(*(dist.to_host(x) for x in chunk)) for chunk in pending]
+    per_sample = {k: np.concatenate([t[k] for t in terms])[:len(items) * g].reshape(len(items), g)
+                  for k in KL_KEYS}
     counts = {}
     for j, (key, _) in enumerate(items):
       counts[key] = counts.get(key, 0) + 1

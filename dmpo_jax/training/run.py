@@ -18,6 +18,7 @@ from flax import nnx
 from dmpo_jax import sampling
 from dmpo_jax.data import images as multimodal
 from dmpo_jax.models import build as model_build
+from dmpo_jax.models import lora as lora_lib
 from dmpo_jax.objectives import flowrl, presets
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.parallel import sharding
@@ -68,9 +69,9 @@ def objective_from_config(cfg) -> presets.ObjectiveConfig:
   rehearsed D_pef response weighs eta times one RL sample (docs/METHODS.md, DPH-RL)."""
   overrides = {k: v for k, v in cfg.rl.objective.items() if v is not None}
   obj = presets.objective_config(cfg.rl.algo, **overrides)
-  if obj.divergence is not None and cfg.dph.weighting == "per_sample":
+  if presets.needs(obj).dph_store and cfg.dph.weighting == "per_sample":
     share = cfg.dph.batch / (cfg.rl.prompts_per_step * cfg.rl.group_size)
-    obj = dataclasses.replace(obj, div_coef=obj.div_coef * share)
+    obj = obj.replace(div_coef=obj.div_coef * share)
   return obj
 
 
@@ -237,8 +238,9 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
   encoder = multimodal.make_run_encoder(cfg, tok, processor)
   tok = encoder.tok
   graphdef, model_state = nnx.split(model)
+  lora = lora_lib.has_adapters(model_state)  # config.model.lora: only the adapters are trained
   params = {"model": model_state}
-  if presets.needs_log_z(obj):
+  if presets.needs(obj).log_z:
     params["log_z"] = flowrl.init_log_z_head(jax.random.key(cfg.seed + LOG_Z_SEED_OFFSET),
                                              model_build.shape(model)["hidden_size"])
   rep = sharding.replicated(mesh)
@@ -255,9 +257,9 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
               p_sh=p_sh, o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
               sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0,
                                      **vision_optimizer_opts(cfg, "sft", vl_cfg),
-                                     lead=perception.lead(cfg)),
+                                     lead=perception.lead(cfg), lora=lora),
               rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 0, cfg.rl.max_grad_norm,
-                                    **vision_optimizer_opts(cfg, "rl", vl_cfg)),
+                                    **vision_optimizer_opts(cfg, "rl", vl_cfg), lora=lora),
               ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep),
               vl_cfg=vl_cfg, processor=processor, lock=lock)
     return run, open_workdir(run, params, write_config)

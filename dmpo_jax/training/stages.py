@@ -20,7 +20,7 @@ from flax import nnx
 
 from dmpo_jax import sampling
 from dmpo_jax.data import images as multimodal
-from dmpo_jax.models import hf
+from dmpo_jax.models import hf, lora
 from dmpo_jax.objectives import presets
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.parallel import sharding
@@ -139,7 +139,7 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   logprob_eval = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
                                          shardings=(run.p_sh, run.data_sh, None))
   store, dph_images = None, None
-  if presets.needs_dph_store(obj) and cfg.rl.steps:
+  if presets.needs(obj).dph_store and cfg.rl.steps:
     dph_sampler = run.sampler(run.sampling_config(cfg.dph.samples, cfg.rl.temperature, cfg.rl.top_p))
     store = run.timed("dph", dph.presample, cfg, run.workdir, run.taskset, run.encoder, dph_sampler,
                       logprob_eval, state.params, state, run.reward_cfg,
@@ -161,7 +161,10 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
                          **run.vision_opts("rl"))
       for terms in (False, True))
   state, reference, points = start_policies(run, state)
-  ref_fn = (lambda seqs: logprob_eval(reference, seqs)) if reference is not None else None
+  # `state` is read when ref_fn runs, inside this step's rollouts (before its update): a LoRA
+  # reference is the current params' base (lora.reference_params).
+  ref_fn = ((lambda seqs: logprob_eval(lora.reference_params(reference, state.params), seqs))
+            if reference is not None else None)
   points.maybe(state)
   consecutive, first_rl = 0, state.step
   traces0 = {k: steps.TRACES[k] for k in ("rl_update", "rl_update_terms")}
@@ -217,7 +220,7 @@ def start_policies(run: Run, state: TrainState):
   the state), and the evaluation points along RL (config.eval.points), which read the policy
   at the start of RL (the reference item, saved once when RL starts)."""
   cfg = run.cfg
-  if presets.needs_reference(run.obj):
+  if presets.needs(run.obj).reference:
     state = dataclasses.replace(state, reference=reference_policy(run.ckpt, state, cfg.sft.steps))
   reference = state.reference
   points = eval_points.Points(run, reference if reference is not None or not cfg.eval.points else
@@ -237,7 +240,7 @@ def end_point_done(run: Run, state: TrainState) -> bool:
 def shaping_state(state: TrainState, obj: presets.ObjectiveConfig) -> dict | None:
   """A host reward-shaping term's state (outcome_ucb's counts): kept in the train state's
   counters, so every checkpoint saves it and a resume restores it exactly; None without one."""
-  if not presets.needs_host_state(obj):
+  if not presets.needs(obj).host_state:
     return None
   return state.counters.setdefault("shaping", {})
 
@@ -268,7 +271,11 @@ def term_grads_every(cfg) -> int:
 def reference_policy(ckpt: ckpt_lib.Checkpointer, state: TrainState, rl_start: int):
   """The policy at the start of RL, which KL terms and FlowRL read: restored from the
   checkpoint's reference item on resume, else a copy of the params saved as that item
-  (written once, outside the rotation of step checkpoints)."""
+  (written once, outside the rotation of step checkpoints). A LoRA policy's is its base with
+  the adapters switched off, `lora.ADAPTERS_OFF`, read from the current params at each use
+  (`lora.reference_params`): no copy, no item."""
+  if lora.has_adapters(state.params):
+    return lora.ADAPTERS_OFF
   if dist.agree(ckpt.has_reference()):  # every process takes the same branch
     return ckpt.restore_reference(state.params)
   if state.step > rl_start:
@@ -308,8 +315,9 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
   if dist.is_main():  # files are written once: the results first, so nothing after loses them
     report.write_json(results, os.path.join(run.workdir, "results.json"))
     if export is not None:
+      adapter = (cfg.model.get("lora") or {}).get("export") == "adapter"  # LoRA: PEFT folder
       hf.save(nnx.merge(run.graphdef, export), run.processor or run.tok,
-              os.path.join(run.workdir, "hf"))
+              os.path.join(run.workdir, "hf"), adapter_only=adapter, base=cfg.model.init)
     if cfg.log.plots:
       report.plot_or_warn(report.plot_training, report.read_metrics(run.writer.path),
                           os.path.join(run.workdir, "training.png"))

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from dmpo_jax.models import lora as lora_lib
 from dmpo_jax.models import positions, qwen2_5_vl
 from dmpo_jax.models.transformer import dense
 from dmpo_jax.objectives import common, flowrl, presets
@@ -36,6 +37,23 @@ def is_vision_param(path) -> bool:
       getattr(path[1], "key", None) == "visual"
 
 
+def frozen_filter(params, freeze_vision: bool = False):
+  """The trainable-parameter filter of a params tree: path -> True for a leaf that is frozen
+  (no gradient, no update, no optimizer state), or None when every leaf is trained. A LoRA
+  model (params["model"] holds adapters, `models.lora`) trains its adapters and the FlowRL log
+  Z head only: its base, vision tower included, is frozen. Otherwise freeze_vision freezes a
+  vision-language policy's tower."""
+  if lora_lib.has_adapters(params):
+    return lora_lib.is_base_path
+  return is_vision_param if freeze_vision else None
+
+
+def trained_leaves(tree, frozen) -> list:
+  """The leaves of a params-shaped tree (params, gradients) that `frozen` does not freeze."""
+  flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return [x for path, x in flat if frozen is None or not frozen(path)]
+
+
 def make_schedule(lr: float, steps_total: int, warmup: int):
   """Linear warmup from 0 over `warmup` steps (none: start at lr), then a cosine to lr / 10 at
   `steps_total`."""
@@ -46,7 +64,8 @@ def make_schedule(lr: float, steps_total: int, warmup: int):
 
 
 def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: float, *,
-                   freeze_vision: bool = False, vision_lr_scale: float = 1.0, lead=None):
+                   freeze_vision: bool = False, vision_lr_scale: float = 1.0, lead=None,
+                   lora: bool = False):
   """AdamW after global-norm clipping; the learning rate warms up linearly from 0 over
   `warmup` steps (the first step's rate is 0), then decays along a cosine to lr / 10 at
   `steps_total`. warmup=0: no warmup, the first step runs at lr (RL's setting).
@@ -58,7 +77,10 @@ def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: floa
   own rate, warmed up over `warmup` steps and then constant, for the first `steps` steps;
   the warmup-cosine schedule above then runs over the remaining steps_total - steps.
   vision_lr_scale: a trained tower's learning rate is this times the rest's (one clipping
-  norm over all params)."""
+  norm over all params).
+  lora: the params are a LoRA model's (`frozen_filter`): only the adapters (and a FlowRL log Z
+  head) are trained, clipped and given AdamW state; the frozen base gets a zero update and no
+  state (the tower options do not apply: the tower is part of the frozen base)."""
   if vision_lr_scale <= 0:
     raise ValueError(f"vision_lr_scale={vision_lr_scale} must be > 0 (freeze the tower "
                      "with freeze_vision instead)")
@@ -75,6 +97,8 @@ def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: floa
   def labels(params):
     return jax.tree_util.tree_map_with_path(
         lambda path, _: "vision" if is_vision_param(path) else "trained", params)
+  if lora:
+    return optax.multi_transform({"trained": opt, "frozen": optax.set_to_zero()}, lora_labels)
   if freeze_vision:
     return optax.multi_transform({"trained": opt, "vision": optax.set_to_zero()}, labels)
   if vision_lr_scale != 1.0:
@@ -82,6 +106,16 @@ def make_optimizer(lr: float, steps_total: int, warmup: int, max_grad_norm: floa
     return optax.chain(clip, optax.multi_transform(
         {"trained": optax.adamw(sched, weight_decay=0.0), "vision": slow}, labels))
   return opt
+
+
+def lora_labels(params):
+  """make_optimizer(lora=True)'s partition: "trained" (adapters, log Z head) or "frozen"."""
+  frozen = frozen_filter(params) if isinstance(params, dict) and "model" in params else None
+  if frozen is None:
+    raise ValueError("make_optimizer(lora=True): the params ({'model': ...}) hold no adapters "
+                     "(config.model.lora is not set on this model)")
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: "frozen" if frozen(path) else "trained", params)
 
 
 def micro_batches(cfg, obj: presets.ObjectiveConfig, mesh) -> int:
@@ -95,7 +129,7 @@ def auto_micro_batches(obj: presets.ObjectiveConfig, prompts: int, rows: int = 1
   objective is a mean over sequences and groups, so that slicing changes nothing but
   summation order; 1 otherwise (and on GPU/TPU). Slices of one group keep the update's
   matmuls cache-sized: about 1.4x faster on the 2-core CPU."""
-  if jax.default_backend() != "cpu" or not presets.slice_exact(obj):
+  if jax.default_backend() != "cpu" or not presets.needs(obj).slice_exact:
     return 1
   return max(m for m in range(1, prompts + 1) if prompts % m == 0 and (prompts // m) % rows == 0)
 
@@ -139,7 +173,7 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
     t = n - prompt_len
     tok = tokens.reshape(-1, n)
     pm = pmask.reshape(-1, prompt_len)
-    model = nnx.merge(graphdef, params["model"])
+    model = nnx.merge(graphdef, lora_lib.freeze_base(params["model"]))  # LoRA: no base gradient
     vl = isinstance(model, qwen2_5_vl.Qwen2_5_VL)
     lm = model.language if vl else model
     if seqs.get("images") is not None:
@@ -215,19 +249,20 @@ def _all_finite(tree):
 
 def _guarded_update(opt, loss, grads, params, opt_state, freeze_vision: bool = False):
   """Apply the update only if the loss, the gradients and the new params are all finite.
-  freeze_vision: the vision tower's params stay exactly as they were (whatever the
-  optimizer's weight decay), their gradients zero."""
-  if freeze_vision:
+  Frozen params (`frozen_filter`: freeze_vision's tower, a LoRA model's base) stay exactly as
+  they were (whatever the optimizer's weight decay), their gradients zero."""
+  frozen = frozen_filter(params, freeze_vision)
+  if frozen is not None:
     grads = jax.tree_util.tree_map_with_path(
-        lambda path, g: jnp.zeros_like(g) if is_vision_param(path) else g, grads)
+        lambda path, g: jnp.zeros_like(g) if frozen(path) else g, grads)
   finite = jnp.isfinite(loss) & _all_finite(grads)
   safe = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
   updates, new_state = opt.update(safe, opt_state, params)
   new_params = optax.apply_updates(params, updates)
-  if freeze_vision:
+  if frozen is not None:
     new_params = jax.tree_util.tree_map_with_path(
-        lambda path, new, old: old if is_vision_param(path) else new, new_params, params)
-  finite = finite & _all_finite(new_params)
+        lambda path, new, old: old if frozen(path) else new, new_params, params)
+  finite = finite & _all_finite(trained_leaves(new_params, frozen))
   keep = lambda new, old: jnp.where(finite, new, old)
   return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state),
           1 - finite.astype(jnp.int32), optax.global_norm(safe))

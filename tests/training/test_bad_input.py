@@ -100,8 +100,8 @@ CONFIG_CASES = [
     (["--allow_config_change=log.evry"], "did you mean 'log.every'"),
     (["--config.tasks="], "config.tasks='' names no task"),
     (["--config.tasks=TSP,TSP"], ("config.tasks='TSP,TSP' names ['TSP'] more than once",)),
-    (["--config.model.lora.rank=4"], ("--config.model.lora.rank: config has no field 'model.lora'",
-                                      "did you mean 'model.remat'?")),
+    (["--config.model.lorra.rank=4"], ("--config.model.lorra.rank: config has no field 'model.lorra'",
+                                       "did you mean 'model.lora.rank'?")),
     (["--config.modl.num_layers=2"], ("config has no field 'modl'", "did you mean 'model.num_layers'?")),
 ]
 # Sizes no machine holds: refused by the memory estimate (training/memory.py) before anything
