@@ -185,10 +185,11 @@ DRILL = {"sft.steps": 1, "rl.steps": 3, "checkpoint.every": 1, "checkpoint.keep"
          "eval.num_per_task": 4}
 
 
-def lora_smoke(**over):
-  cfg = smoke("smoke,algo=rkl", **DRILL, **over)  # rkl: a KL term, so a reference is read
+def lora_smoke(export="merged", **over):
+  cfg = smoke("smoke,algo=rkl", **{**DRILL, **over})  # rkl: a KL term, so a reference is read
   with cfg.unlocked():
-    cfg.model.lora = {"rank": 4, "alpha": 8.0, "targets": ("q_proj", "v_proj", "down_proj")}
+    cfg.model.lora = {"rank": 4, "alpha": 8.0, "targets": ("q_proj", "v_proj", "down_proj"),
+                      "export": export}
   return cfg
 
 
@@ -197,7 +198,9 @@ def test_lora_run_saves_its_base_once_and_resumes_bit_identically(tmp_path):
   from dmpo_jax.training import checkpoint as ckpt_lib
   from dmpo_jax.training import stages
   a, b = tmp_path / "a", tmp_path / "b"
-  stages.train(lora_smoke(), str(a))
+  stages.train(lora_smoke("adapter", **{"checkpoint.export_hf": True}), str(a))
+  # The export is a PEFT adapter folder holding the final adapters (checked below).
+  assert (a / "hf" / "adapter_config.json").exists() and not (a / "hf" / "model.safetensors").exists()
   assert stages.train(lora_smoke(stop_at_step=2), str(b)) == {"stopped": True, "step": 2}
   stages.train(lora_smoke(), str(b))  # resumes 2 -> 4
   for w in (a, b):
@@ -228,3 +231,11 @@ def test_lora_run_saves_its_base_once_and_resumes_bit_identically(tmp_path):
     np.testing.assert_array_equal(x, y)
   for x, y in zip(split(params)[1], jax.tree.leaves(sa["params"])):
     np.testing.assert_array_equal(x, y)
+  # The exported adapter is the final one, in PEFT's layout (lora_A [r, in] = our A^T).
+  model = nnx.merge(run.graphdef, params["model"])
+  want = {k: np.asarray(v) for k, v in hf.adapter_tensors(model).items()}
+  from safetensors.numpy import load_file
+  got = load_file(str(a / "hf" / "adapter_model.safetensors"))
+  assert sorted(got) == sorted(want) and len(got) == 2 * 3
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k])
