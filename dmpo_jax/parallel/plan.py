@@ -352,7 +352,7 @@ def _parse_mesh(text: str) -> dict:
   return out
 
 
-def main(argv=None):
+def arg_parser():
   import argparse
   ap = argparse.ArgumentParser(description="Per-device memory plan for a model, mesh and RL workload.")
   ap.add_argument("--model", choices=sorted(MODELS) + sorted(VL_MODELS), help="a published model shape")
@@ -386,36 +386,45 @@ def main(argv=None):
   ap.add_argument("--train_vision", action="store_true", default=None,
                   help="vision-language models: the vision tower is trained (default: frozen, "
                        "as rl.freeze_vision)")
+  return ap
+
+
+def from_config_file(spec: str, backend: str, mesh: dict):
+  """(model config, mesh, workload, name) of a training config file[:arg] whose model.init is
+  a Hugging Face folder (its config.json), with the config's LoRA, mesh and RL shapes."""
+  import importlib.util, json, os
+  path, _, arg = spec.partition(":")
+  spec_ = importlib.util.spec_from_file_location("cfgmod", path)
+  mod = importlib.util.module_from_spec(spec_)
+  spec_.loader.exec_module(mod)
+  c = mod.get_config(arg or None)
+  from dmpo_jax.models import build, hf, qwen2_5_vl
+  with open(os.path.join(c.model.init, "config.json")) as fh:
+    hf_cfg = json.load(fh)
+  vl = hf_cfg.get("model_type") == qwen2_5_vl.MODEL_TYPE
+  cfg = (qwen2_5_vl if vl else hf).config_from_hf(hf_cfg, dtype=c.model.dtype,
+                                                  param_dtype=c.model.param_dtype)
+  lcfg = build.lora_config(c)  # config.model.lora
+  if lcfg is not None:
+    cfg = dataclasses.replace(cfg, text=cfg.text.replace(lora=lcfg)) if vl else cfg.replace(lora=lcfg)
+  mesh = {k: v for k, v in dict(c.mesh).items() if v != -1} or mesh
+  image = dict(c.get("image") or {})
+  work = Workload(c.rl.prompts_per_step, c.rl.group_size, c.model.max_prompt_len,
+                  c.model.max_new_tokens, c.model.remat, c.rl.micro_batches or 1,  # 0: auto, 1 off CPU
+                  backend, image.get("patch_budget") or Workload.patch_budget,
+                  not c.rl.get("freeze_vision", True))
+  return cfg, mesh, work, c.model.init
+
+
+def main(argv=None):
+  ap = arg_parser()
   args = ap.parse_args(argv)
   mesh = _parse_mesh(args.mesh)
   work = Workload(args.prompts, args.group, args.prompt_len, args.new_tokens, args.remat,
                   args.micro_batches, args.backend, reference=args.reference)
   param_dtype = args.param_dtype or ("bfloat16" if args.lora_rank else "float32")
   if args.config:
-    import importlib.util, json, os
-    path, _, arg = args.config.partition(":")
-    spec = importlib.util.spec_from_file_location("cfgmod", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config(arg or None)
-    from dmpo_jax.models import hf, qwen2_5_vl
-    with open(os.path.join(c.model.init, "config.json")) as fh:
-      hf_cfg = json.load(fh)
-    vl = hf_cfg.get("model_type") == qwen2_5_vl.MODEL_TYPE
-    cfg = (qwen2_5_vl if vl else hf).config_from_hf(hf_cfg, dtype=c.model.dtype,
-                                                    param_dtype=c.model.param_dtype)
-    from dmpo_jax.models import build
-    lcfg = build.lora_config(c)  # config.model.lora
-    if lcfg is not None:
-      cfg = (dataclasses.replace(cfg, text=cfg.text.replace(lora=lcfg)) if vl else
-             cfg.replace(lora=lcfg))
-    mesh = {k: v for k, v in dict(c.mesh).items() if v != -1} or mesh
-    image = dict(c.get("image") or {})
-    work = Workload(c.rl.prompts_per_step, c.rl.group_size, c.model.max_prompt_len,
-                    c.model.max_new_tokens, c.model.remat, c.rl.micro_batches or 1,  # 0: auto, 1 off CPU
-                    args.backend, image.get("patch_budget") or Workload.patch_budget,
-                    not c.rl.get("freeze_vision", True))
-    name = c.model.init
+    cfg, mesh, work, name = from_config_file(args.config, args.backend, mesh)
   elif args.model in VL_MODELS:
     cfg = vl_config(args.model, dtype=args.dtype, param_dtype=param_dtype)
     name = args.model

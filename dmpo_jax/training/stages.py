@@ -138,13 +138,7 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   rl_sampler = run.sampler(run.sampling_config(cfg.rl.group_size, cfg.rl.temperature, cfg.rl.top_p))
   logprob_eval = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
                                          shardings=(run.p_sh, run.data_sh, None))
-  store, dph_images = None, None
-  if presets.needs(obj).dph_store and cfg.rl.steps:
-    dph_sampler = run.sampler(run.sampling_config(cfg.dph.samples, cfg.rl.temperature, cfg.rl.top_p))
-    store = run.timed("dph", dph.presample, cfg, run.workdir, run.taskset, run.encoder, dph_sampler,
-                      logprob_eval, state.params, state, run.reward_cfg,
-                      None if run.vl_cfg is None else run.images)
-    dph_images = dph_image_fn(run, store)
+  store, dph_images = dph_presample(run, state, logprob_eval)
   total = cfg.sft.steps + cfg.rl.steps
   if state.step >= total:
     # Resumed at the end (a run killed after its last checkpoint, or one whose last point
@@ -235,6 +229,20 @@ def end_point_done(run: Run, state: TrainState) -> bool:
   if rl_step not in eval_points.point_steps(run.cfg.rl.steps, run.cfg.eval.points):
     return True
   return eval_points.Points(run, None).done(rl_step)
+
+
+def dph_presample(run: Run, state: TrainState, logprob_eval) -> tuple:
+  """(store, image fn) of an objective that reads DPH's stored samples: the store pre-sampled
+  from the policy at the start of RL (read back from the workdir on resume); (None, None)
+  otherwise."""
+  cfg = run.cfg
+  if not (presets.needs(run.obj).dph_store and cfg.rl.steps):
+    return None, None
+  dph_sampler = run.sampler(run.sampling_config(cfg.dph.samples, cfg.rl.temperature, cfg.rl.top_p))
+  store = run.timed("dph", dph.presample, cfg, run.workdir, run.taskset, run.encoder, dph_sampler,
+                    logprob_eval, state.params, state, run.reward_cfg,
+                    None if run.vl_cfg is None else run.images)
+  return store, dph_image_fn(run, store)
 
 
 def shaping_state(state: TrainState, obj: presets.ObjectiveConfig) -> dict | None:
