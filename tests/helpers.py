@@ -235,3 +235,18 @@ def write_checkpoint(path, config: dict, tensors: dict) -> None:
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(config, f)
   save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+
+
+def run_evaluate(argv, capsys):
+  """`python -m dmpo_jax.evaluate` in this process: (exit status, stdout, stderr)."""
+  from dmpo_jax import evaluate
+  evaluate.FLAGS.unparse_flags()
+  code = 0
+  try:
+    evaluate.main(evaluate.FLAGS(["evaluate"] + argv))
+  except SystemExit as e:
+    code = e.code
+  finally:
+    evaluate.FLAGS.unparse_flags()
+  out = capsys.readouterr()
+  return code, out.out, out.err

@@ -12,6 +12,7 @@ import os
 import pytest
 
 from dmpo_jax import tasks
+from tests import helpers
 from dmpo_jax.tasks import base, data
 from tests.helpers import REPO
 
@@ -200,17 +201,7 @@ def test_a_bad_record_is_named_by_file_key_and_index(tmp_path):
 
 def evaluate_cli(argv, capsys):
   """`python -m dmpo_jax.evaluate` in this process: (exit status, stdout, stderr)."""
-  from dmpo_jax import evaluate
-  evaluate.FLAGS.unparse_flags()
-  code = 0
-  try:
-    evaluate.main(evaluate.FLAGS(["evaluate"] + argv))
-  except SystemExit as e:
-    code = e.code
-  finally:
-    evaluate.FLAGS.unparse_flags()
-  out = capsys.readouterr()
-  return code, out.out, out.err
+  return helpers.run_evaluate(argv, capsys)
 
 
 def snapshot(folder) -> dict:

@@ -19,6 +19,7 @@ from dmpo_jax.training import run as run_lib
 from dmpo_jax.training import stages
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
+from tests import helpers
 from tests.helpers import REPO, config_module, metric_rows, saved_state, smoke
 
 CONFIG = os.path.join(REPO, "configs", "nphard.py")
@@ -40,16 +41,8 @@ def train_cli(argv, capsys) -> tuple[int, str]:
 
 def evaluate_cli(argv, capsys) -> tuple[int, str]:
   """`python -m dmpo_jax.evaluate` in this process: (exit status, stderr)."""
-  from dmpo_jax import evaluate
-  evaluate.FLAGS.unparse_flags()
-  code = 0
-  try:
-    evaluate.main(evaluate.FLAGS(["evaluate"] + argv))
-  except SystemExit as e:
-    code = e.code
-  finally:
-    evaluate.FLAGS.unparse_flags()
-  return code, capsys.readouterr().err
+  code, _, err = helpers.run_evaluate(argv, capsys)
+  return code, err
 
 
 def snapshot(folder) -> dict:
