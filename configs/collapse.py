@@ -4,7 +4,7 @@ solutions, an SFT start that is competent and diverse, then RL at group size 8 o
     python -m dmpo_jax.train --config=configs/collapse.py --workdir=runs/collapse
     python -m dmpo_jax.train --config=configs/collapse.py:algo=grpo,group=16,seed=3 --workdir=...
     python -m dmpo_jax.train --config=configs/collapse.py:tasks=maximum-set+GCP-D,level=tiny ...
-    python -m dmpo_jax.experiments.sweep --config=configs/collapse.py --out=runs/sweep   # every preset x 5 seeds
+    python -m studies.collapse_frontier.sweep --config=configs/collapse.py --out=runs/sweep  # every label x 5 seeds
 
 Arguments after the colon (comma-separated): `algo=<preset>`, `level=<level>`,
 `seed=<int>`, `tasks=<key+key+...>`, `group=<8|16>`, `regime=<splits|stream>`,

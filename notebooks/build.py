@@ -89,7 +89,7 @@ workdir."""),
 run, state = run_lib.setup(cfg, workdir)
 sampler = run.sampler(run.sampling_config(cfg.rl.group_size, cfg.rl.temperature))
 rl_step = steps.make_rl_step(run.graphdef, run.obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
-                             shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep))
+                             shardings=(run.p_sh, run.rl_o_sh, run.data_sh, run.rep))
 items = run.taskset.train("rl", 10_000, cfg.rl.prompts_per_step)   # instances no step has seen
 rollouts = collect_rollouts(sampler, state.params, items, run.encoder, rng=state.rl_key(),
                             group_size=cfg.rl.group_size, chunks=2, reward_cfg=run.reward_cfg,

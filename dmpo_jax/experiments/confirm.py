@@ -21,14 +21,14 @@ at the rise; one that only comes down through t_s (a start above it) has its sta
 * `sensitivity`: the same family with a never-reached run valued at its last point (what it
   kept by the end of RL), so that the reach rule's effect on the answer is visible.
 
-Statistics: `frontier.paired_test` (seed-paired t-test and interval) and `frontier.holm`.
+Statistics: `stats.paired_test` (seed-paired t-test and interval) and `stats.holm`.
 """
 
 from __future__ import annotations
 
 import math
 
-from dmpo_jax.experiments import frontier
+from dmpo_jax.experiments import frontier, stats
 
 MIN_REACH = 0.8  # a method that reaches its seed's target on fewer seeds is not estimable
 ALPHA = 0.05
@@ -109,7 +109,7 @@ def registered_family(values: dict, remedies: list, reference: str, m: int | Non
   rows = []
   for r in remedies:
     v = values.get(r, {})
-    t = frontier.paired_test(v, ref, confidence)
+    t = stats.paired_test(v, ref, confidence)
     row = dict(t, contrast=f"{r} - {reference}", remedy=r, reach=reach_rate(v), reach_reference=reach_rate(ref),
                seeds=len(v))
     row["estimable"] = (row["reach"] >= min_reach and row["reach_reference"] >= min_reach
@@ -117,7 +117,7 @@ def registered_family(values: dict, remedies: list, reference: str, m: int | Non
     if not row["estimable"]:
       row.update(mean=math.nan, low=math.nan, high=math.nan, p=math.nan)
     rows.append(row)
-  for row, ph in zip(rows, frontier.holm([row["p"] for row in rows], m=m)):
+  for row, ph in zip(rows, stats.holm([row["p"] for row in rows], m=m)):
     row["p_holm"] = float(ph)
     row["reading"] = reading(row)
   return rows

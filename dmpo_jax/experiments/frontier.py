@@ -1,4 +1,4 @@
-"""The collapse experiment's analysis: matched comparisons along strength axes (docs/COLLAPSE.md).
+"""Matched comparisons along strength axes (the collapse experiment's analysis, docs/COLLAPSE.md).
 
 A remedy for mode collapse can keep more optima than GRPO in two ways: by keeping
 optima at the same gain, or by moving the policy less. To tell them apart, each run
@@ -10,19 +10,24 @@ same movement):
   reaches x (pass@1, KL), linear between evaluation points; NaN when it never does.
 * `frontier(...)`: per seed, a method's best y at x over its strength labels (the upper
   envelope of its trajectories; the Pareto frontier a user can pick a strength from).
-* `paired_test(...)`: seed-paired differences, a two-sided t-test and interval; `holm`
-  adjusts the p-values of a family of contrasts (Holm, "A simple sequentially rejective
-  multiple test procedure", Scand. J. Statist. 1979).
+* `contrasts(...)`: seed-paired tests of family pairs (`stats.paired_test`), Holm-adjusted
+  over the family (`stats.holm`).
+* `Analysis`: a study's pre-registered matched analysis (what is matched at which target);
+  `analyse(...)` runs it.
 * `write(out, ...)`: frontier.md, per_seed.csv (one row per seed and label), points.csv
   (one row per run, evaluation point and instance set) and the Pareto plots.
 
-The methods (families of labels) and the pre-registered contrasts are data: `FAMILIES`
-and `CONTRASTS` in dmpo_jax/experiments/sweep.py (the sweep that runs them).
+The methods (families of labels), the pre-registered contrasts and the `Analysis` are a
+study's data, not this module's: for the collapse experiment, studies/collapse_frontier/design.py
+(the sweep records the families and contrasts in sweep.json; the study's entry point passes its
+analysis to the report).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import fractions
 import math
 import os
 import platform
@@ -35,47 +40,6 @@ from dmpo_jax.experiments import files, stats
 
 POINT_METRICS = ("pass_optimal@1", "coverage", "distinct_optimal", "pass_optimal@8", "pass_optimal@64",
                  "kl_k1", "kl_k3", "optimal_rate")
-
-
-# ---------------------------------------------------------------------------
-# Statistics.
-def holm(pvalues, m: int | None = None) -> np.ndarray:
-  """Holm's step-down adjusted p-values, in the input order: sorted ascending, the i-th
-  (from 0) of m is max_{j <= i} min(1, (m - j) p_(j)). NaN p-values (contrasts that could
-  not be tested) stay NaN; m is the number of finite ones unless given (the size of the
-  pre-registered family, so that an untestable contrast counts as p = 1)."""
-  p = np.asarray(pvalues, float)
-  out = np.full(p.shape, np.nan)
-  ok = np.flatnonzero(np.isfinite(p))
-  m = len(ok) if m is None else m
-  if m < len(ok):
-    raise ValueError(f"holm: m = {m} is smaller than the {len(ok)} finite p-values")
-  running = 0.0
-  for rank, idx in enumerate(ok[np.argsort(p[ok], kind="stable")]):
-    running = max(running, min(1.0, (m - rank) * p[idx]))
-    out[idx] = running
-  return out
-
-
-def paired_test(values: dict, baseline: dict, confidence: float = 0.95) -> dict:
-  """Seed-paired difference on the seeds where both are finite: mean, t-interval at
-  `confidence`, two-sided p-value of a zero mean, n and the per-seed differences."""
-  seeds = sorted(s for s in values if s in baseline and _finite(values[s]) and _finite(baseline[s]))
-  d = np.asarray([values[s] - baseline[s] for s in seeds], float)
-  out = {"n": len(d), "diffs": dict(zip(seeds, d.tolist())), "mean": float(d.mean()) if len(d) else math.nan,
-         "low": math.nan, "high": math.nan, "p": math.nan}
-  if len(d) < 2:
-    return out
-  iv = stats.mean_ci(d, confidence)
-  out.update(low=iv.low, high=iv.high)
-  sd = d.std(ddof=1)
-  if sd == 0:
-    out["p"] = 1.0 if d.mean() == 0 else 0.0
-  else:
-    from scipy import stats as scipy_stats
-    t = d.mean() / (sd / math.sqrt(len(d)))
-    out["p"] = float(2 * scipy_stats.t.sf(abs(t), len(d) - 1))
-  return out
 
 
 def _finite(v) -> bool:
@@ -179,13 +143,13 @@ def contrasts(values: dict, pairs, confidence: float = 0.95, m: int | None = Non
   m = len(pairs) if m is None else m
   rows = []
   for a, b in pairs:
-    r = paired_test(values.get(a, {}), values.get(b, {}), confidence)
-    rb = paired_test(values.get(a, {}), values.get(b, {}), 1 - (1 - confidence) / max(m, 1))
+    r = stats.paired_test(values.get(a, {}), values.get(b, {}), confidence)
+    rb = stats.paired_test(values.get(a, {}), values.get(b, {}), 1 - (1 - confidence) / max(m, 1))
     r = dict(r, contrast=f"{a} - {b}", low_bonferroni=rb["low"], high_bonferroni=rb["high"])
     if r["n"] < MIN_SEEDS:
       r.update({k: math.nan for k in ("mean", "low", "high", "p", "low_bonferroni", "high_bonferroni")})
     rows.append(r)
-  for r, ph in zip(rows, holm([r["p"] for r in rows], m=max(m, len(rows)))):
+  for r, ph in zip(rows, stats.holm([r["p"] for r in rows], m=max(m, len(rows)))):
     r["p_holm"] = float(ph)
   return rows
 
@@ -327,25 +291,34 @@ def plot_pareto(points: dict, families: dict, path: str, targets: dict | None = 
 
 # ---------------------------------------------------------------------------
 # The matched analysis of a sweep folder.
-# The pre-registered comparisons (docs/COLLAPSE.md): (set of x, x, set of y, y). The gain is
-# optimal pass@1 on the RL prompts, A and B together ("AB"): what RL maximises.
-PRIMARY = (("AB", "pass_optimal@1", "A", "coverage"), ("AB", "pass_optimal@1", "B", "pass_optimal@64"))
-EXPLORATORY = (("AB", "kl_k1", "A", "coverage"), ("AB", "kl_k1", "B", "pass_optimal@64"),
-               ("A", "pass_optimal@1", "A", "coverage"), ("B", "pass_optimal@1", "B", "pass_optimal@64"),
-               ("AB", "pass_optimal@1", "A", "distinct_optimal"), ("AB", "pass_optimal@1", "C", "coverage"))
-TARGET_FRACTION = 0.5  # matched at the start's value + this share of the reference's gain
 MIN_GAIN = 0.02  # a reference gain in pass@1 below this leaves nothing to match (no target)
 
 
-def targets(points: dict, reference: str = "grpo", frac: float = TARGET_FRACTION,
-            overall: str = "overall_instance") -> dict:
-  """The matching targets, by the pre-registered rule: for x = pass@1 on a set, the mean
-  start value + frac x (the reference label's mean end value - the mean start value), none
-  when that gain is below MIN_GAIN; for x = KL, frac x the reference's mean end KL. Means
-  over the reference's seeds. {(set, x): target}."""
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+  """A study's pre-registered matched analysis. Each comparison is (set of x, x, set of y, y):
+  y where x first reaches its target. `primary`: the pre-registered comparisons (Holm over
+  all of them x the contrasts); `exploratory`: others (Holm within). Targets: the reference's
+  mean start + target_fraction x its mean gain in x (none when the gain is below min_gain);
+  for x = KL, target_fraction x the reference's mean end KL."""
+  primary: tuple
+  exploratory: tuple
+  target_fraction: float
+  min_gain: float = MIN_GAIN
+
+
+NO_ANALYSIS = Analysis((), (), 0.0)  # a sweep without a study: no targets, no contrasts
+
+
+def targets(points: dict, reference: str, analysis: Analysis, overall: str = "overall_instance") -> dict:
+  """The matching targets, by the analysis' rule: for x = pass@1 on a set, the mean start
+  value + frac x (the reference label's mean end value - the mean start value), none when
+  that gain is below min_gain; for x = KL, frac x the reference's mean end KL (frac:
+  analysis.target_fraction). Means over the reference's seeds. {(set, x): target}."""
+  frac = analysis.target_fraction
   runs = points.get(reference, {})
   out = {}
-  for split, x, _, _ in PRIMARY + EXPLORATORY:
+  for split, x, _, _ in analysis.primary + analysis.exploratory:
     start, end = [], []
     for pts in runs.values():
       xs, _ = trajectory(pts, split, x, x, overall)
@@ -356,26 +329,26 @@ def targets(points: dict, reference: str = "grpo", frac: float = TARGET_FRACTION
       s, e = float(np.mean(start)), float(np.mean(end))
       if x.startswith("kl"):
         out[(split, x)] = frac * e
-      elif e - s >= MIN_GAIN:
+      elif e - s >= analysis.min_gain:
         out[(split, x)] = s + frac * (e - s)
   return out
 
 
-def analyse(points: dict, families: dict, pairs, reference: str = "grpo",
+def analyse(points: dict, families: dict, pairs, reference: str, analysis: Analysis,
             overall: str = "overall_instance", given_targets: dict | None = None) -> dict:
-  """Matched values per family and seed, and the contrasts: "primary" (PRIMARY x pairs,
-  Holm over all of them) and "exploratory" (EXPLORATORY x pairs, Holm within). A spec
+  """Matched values per family and seed, and the contrasts: "primary" (analysis.primary x
+  pairs, Holm over all of them) and "exploratory" (analysis.exploratory x pairs, Holm within). A spec
   without a target (too small a reference gain) is listed under "no_target".
   given_targets: {(set, x): target} in place of the pre-registered rule's (`targets`), for an
   exploratory analysis at other targets; specs whose (set, x) it lacks have no target."""
-  tg = targets(points, reference, overall=overall) if given_targets is None else dict(given_targets)
+  tg = targets(points, reference, analysis, overall=overall) if given_targets is None else dict(given_targets)
   out = {"overall": overall, "targets": {f"{s}/{x}": v for (s, x), v in tg.items()}, "matched": {}, "primary": [],
          "exploratory": [], "no_target": [], "start_at_target": {}}
   for (split, x), v in tg.items():  # seeds whose start (shared by their labels) is at the target
     starts = {seed: trajectory({0: pts[0]}, split, x, x, overall)[0] for seed, pts in points.get(reference, {}).items()
               if 0 in pts}
     out["start_at_target"][f"{split}/{x}"] = sorted(seed for seed, xs in starts.items() if xs and xs[0] >= v)
-  for kind, specs in (("primary", PRIMARY), ("exploratory", EXPLORATORY)):
+  for kind, specs in (("primary", analysis.primary), ("exploratory", analysis.exploratory)):
     rows = []
     m = len(specs) * len(pairs)  # the family of tests of this kind, as registered
     for split, x, y_split, y in specs:
@@ -386,7 +359,7 @@ def analyse(points: dict, families: dict, pairs, reference: str = "grpo",
       out["matched"][f"{y_split}/{y}@{split}/{x}"] = vals
       for r in contrasts(vals, pairs, m=m):
         rows.append(dict(r, set=y_split, x=f"{split}/{x}", y=y, target=tg[(split, x)]))
-    for r, ph in zip(rows, holm([r["p"] for r in rows], m=max(m, len(rows)))):
+    for r, ph in zip(rows, stats.holm([r["p"] for r in rows], m=max(m, len(rows)))):
       r["p_holm"] = float(ph)  # over the whole family of this kind (untestable ones: p = 1)
     out[kind] = rows
   return out
@@ -474,13 +447,19 @@ def contrast_table(rows: list[dict]) -> list[str]:
   return lines + [""]
 
 
-def markdown(result: dict, manifest: dict) -> str:
+def markdown(result: dict, manifest: dict, analysis: Analysis = NO_ANALYSIS) -> str:
   lines = ["# Matched comparisons (dmpo_jax.experiments.frontier)", ""]
   for s in manifest.get("sessions", []):
     lines.append(f"- run on commit `{s.get('commit')}`, machine {s.get('machine')} ({s.get('cpus')} CPUs), "
                  f"started {s.get('started')}, wall {_f(s.get('wall_s'), 0)} s")
-  lines += ["", "Targets (pre-registered rule: start + 1/2 of `grpo`'s mean gain in pass@1; 1/2 of "
-            "`grpo`'s mean end KL; AB = sets A and B together, the RL prompts): " + ", ".join(f"{k} = {_f(v)}" for k, v in result["targets"].items()), ""]
+  registered = bool(analysis.primary or analysis.exploratory)
+  if registered:
+    ref, frac = manifest.get("baseline", "grpo"), fractions.Fraction(analysis.target_fraction).limit_denominator(1000)
+    lines += ["", f"Targets (pre-registered rule: start + {frac} of `{ref}`'s mean gain in pass@1; {frac} of "
+              f"`{ref}`'s mean end KL; AB = sets A and B together, the RL prompts): " + ", ".join(f"{k} = {_f(v)}" for k, v in result["targets"].items()), ""]
+  else:
+    lines += ["", "No pre-registered analysis (the sweep's report was written without a study's design): "
+              "no targets and no contrasts.", ""]
   at = {k: v for k, v in result.get("start_at_target", {}).items() if v}
   if at:
     lines += ["Seeds whose start is already at the target (every method's matched value there is the "
@@ -488,14 +467,14 @@ def markdown(result: dict, manifest: dict) -> str:
   if result.get("incomplete"):
     lines += [f"Left out (not finished): {', '.join(result['incomplete'])}", ""]
   if result.get("no_target"):
-    lines += [f"No target (the reference's mean pass@1 gain is below {MIN_GAIN}): "
+    lines += [f"No target (the reference's mean pass@1 gain is below {analysis.min_gain}): "
               + "; ".join(result["no_target"]), ""]
-  for kind in ("primary", "exploratory"):
+  for kind in ("primary", "exploratory") if registered else ():
     lines += [f"## {'Pre-registered' if kind == 'primary' else 'Exploratory'} contrasts "
               f"(seed-paired; each method's best strength at the target; overall = mean over instances)", ""]
     lines += contrast_table(result[kind])
   cat = result.get("by_category")
-  if cat:
+  if cat and registered:
     lines += ["## The pre-registered contrasts with overall = the mean of category means (exploratory)", "",
               "Targets: " + ", ".join(f"{k} = {_f(v)}" for k, v in cat["targets"].items()), ""]
     lines += contrast_table(cat["primary"])
@@ -530,11 +509,13 @@ def markdown(result: dict, manifest: dict) -> str:
 ANALYSIS_FILES = ("frontier.md", "frontier.json", "points.csv", "per_task.csv", "matched.csv", "pareto.png")
 
 
-def write(out: str, runs: dict, manifest: dict, plots: bool = True) -> dict:
+def write(out: str, runs: dict, manifest: dict, plots: bool = True, analysis: Analysis | None = None) -> dict:
   """frontier.md, frontier.json, per_seed.csv, points.csv and pareto.png of a sweep folder
-  (runs: sweep_report.collect's). Without a finished run that holds points, per_seed.csv
-  alone is written and an earlier report's ANALYSIS_FILES are removed."""
+  (runs: sweep_report.collect's; analysis: the study's pre-registered `Analysis`, None: no
+  targets and no contrasts). Without a finished run that holds points, per_seed.csv alone is
+  written and an earlier report's ANALYSIS_FILES are removed."""
   from dmpo_jax.training import report
+  analysis = analysis or NO_ANALYSIS
   every = {l: {s: p for s in by_seed if (p := read_points(os.path.join(out, l, f"seed{s}")))}
            for l, by_seed in runs.items()}
   write_csv(per_seed_rows(runs, every), os.path.join(out, "per_seed.csv"))
@@ -553,13 +534,13 @@ def write(out: str, runs: dict, manifest: dict, plots: bool = True) -> dict:
   families = {f: [l for l in ls if l in points] for f, ls in manifest.get("families", {}).items()}
   families = {f: ls for f, ls in families.items() if ls}
   pairs = [tuple(p) for p in manifest.get("contrasts", [])]
-  result = analyse(points, families, pairs, manifest.get("baseline", "grpo"))
+  result = analyse(points, families, pairs, manifest.get("baseline", "grpo"), analysis)
   result["incomplete"] = [f"{l}/seed{s} ({r['status']}" + (
       f": no evaluation point at RL step {', '.join(map(str, r['missing_points']))})"
       if r.get("missing_points") else ")") for l, by_seed in runs.items()
       for s, r in by_seed.items() if r["status"] != "finished"]
   reference = manifest.get("baseline", "grpo")
-  by_cat = analyse(points, families, pairs, reference, overall="overall")
+  by_cat = analyse(points, families, pairs, reference, analysis, overall="overall")
   result["by_category"] = {k: by_cat[k] for k in ("targets", "primary", "start_at_target")}
   result["tables"] = summary_tables(points, reference, "overall_instance")
   result["per_task"] = per_task_tables(points, reference)
@@ -569,9 +550,9 @@ def write(out: str, runs: dict, manifest: dict, plots: bool = True) -> dict:
             os.path.join(out, "matched.csv"))
   if plots:
     plot_pareto(points, families or {l: [l] for l in points}, os.path.join(out, "pareto.png"),
-                targets(points, manifest.get("baseline", "grpo")))
+                targets(points, manifest.get("baseline", "grpo"), analysis))
   with open(os.path.join(out, "frontier.md"), "w") as f:
-    f.write(markdown(result, manifest))
+    f.write(markdown(result, manifest, analysis))
   safe = {k: v for k, v in result.items() if k not in ("matched", "tables", "per_task")}
   safe["matched"] = {k: {f: {str(s): x for s, x in d.items()} for f, d in v.items()}
                      for k, v in result["matched"].items()}

@@ -1,7 +1,8 @@
 """The report of a sweep folder (finished or partial): report.md, report.json and PNG plots.
 
     from dmpo_jax.experiments import report as sweep_report
-    sweep_report.write_report("runs/sweep")      # also: python -m dmpo_jax.experiments.sweep --out=... --report_only
+    sweep_report.write_report("runs/sweep", analysis=design.ANALYSIS)   # a study's analysis, or None
+    # also: python -m studies.collapse_frontier.sweep --out=... --report_only
 
 Everything is read from the run folders (`<label>/seed<k>/`: results.json,
 eval_before.json, eval_after.json, metrics.jsonl, config.json, points/); nothing is
@@ -151,15 +152,14 @@ def interval(values: dict) -> dict | None:
 
 
 def paired(values: dict, baseline: dict) -> dict | None:
-  """Seed-paired difference on the seeds both have (finite values)."""
-  common = sorted(s for s in values if s in baseline and _finite(values[s]) and _finite(baseline[s]))
-  if not common:
+  """Seed-paired difference on the seeds both have (finite values; `stats.paired_test`), in
+  the report's form: None without a common seed, no interval with one."""
+  t = stats.paired_test(values, baseline)
+  if not t["n"]:
     return None
-  diffs = {s: float(values[s]) - float(baseline[s]) for s in common}
-  if len(common) == 1:
-    return interval(diffs)
-  iv = stats.paired_difference({s: values[s] for s in common}, {s: baseline[s] for s in common})
-  return {"mean": iv.mean, "low": iv.low, "high": iv.high, "n": iv.n, "values": diffs}
+  if t["n"] == 1:
+    return interval(t["diffs"])
+  return {"mean": t["mean"], "low": t["low"], "high": t["high"], "n": t["n"], "values": t["diffs"]}
 
 
 def fmt(iv) -> str:
@@ -366,9 +366,11 @@ def markdown(out: str, manifest: dict, runs: dict, summ: dict, baseline: str) ->
   return "\n".join(lines) + "\n"
 
 
-def write_report(out: str, baseline: str | None = None, plots: bool = True) -> dict:
-  """Write report.md, report.json, curves.png and pass_at_k.png (plots=True) into `out`; returns
-  report.json's content plus "summary" (the final-metrics table as text)."""
+def write_report(out: str, baseline: str | None = None, plots: bool = True, analysis=None) -> dict:
+  """Write report.md, report.json, curves.png and pass_at_k.png (plots=True) into `out`, and
+  the matched comparisons (`frontier.write`; analysis: the study's pre-registered
+  `frontier.Analysis`, None: no contrasts); returns report.json's content plus "summary" (the
+  final-metrics table as text)."""
   if not os.path.isdir(out):
     raise FileNotFoundError(f"no sweep folder {out!r}")
   runs, manifest = collect(out)
@@ -379,7 +381,7 @@ def write_report(out: str, baseline: str | None = None, plots: bool = True) -> d
   if plots:
     plot_curves(cv, os.path.join(out, "curves.png"))
     plot_pass(pc, os.path.join(out, "pass_at_k.png"))
-  matched = frontier.write(out, runs, manifest, plots)
+  matched = frontier.write(out, runs, manifest, plots, analysis=analysis)
   text = markdown(out, manifest, runs, summ, baseline)
   if matched:
     text += "\n## Matched comparisons\n\nSee [frontier.md](frontier.md) and `pareto.png`.\n"

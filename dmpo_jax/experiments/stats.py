@@ -5,12 +5,18 @@ seed), so the right comparison is paired: the per-seed difference against a
 baseline, whose spread is far smaller than that of either preset alone.
 
     iv = stats.mean_ci([0.41, 0.44, 0.39, 0.47, 0.42])      # Interval(mean, low, high, n, std)
-    d = stats.paired_difference({0: .5, 1: .6, ...}, {0: .4, 1: .55, ...})
+    t = stats.paired_test({0: .5, 1: .6, ...}, {0: .4, 1: .55, ...})   # mean, low, high, p, n, diffs
+    d = stats.paired_difference({0: .5, 1: .6, ...}, {0: .4, 1: .55, ...})  # strict: an Interval
     table = stats.compare({"grpo": {0: .4, ...}, "dmpo": {0: .5, ...}}, baseline="grpo")
+    p_adj = stats.holm([0.01, 0.04, 0.03], m=6)
 
 Intervals are two-sided Student-t intervals, mean +- t_{(1+c)/2, n-1} s / sqrt(n)
 with s the sample standard deviation (n - 1 in the denominator). Use at
 least five seeds: with fewer, t's heavy tails make the interval wide.
+
+`paired_test` is the one implementation of the seed-paired difference: the sweep report's
+paired table (report.paired), the matched contrasts (frontier.contrasts, confirm) and
+`paired_difference` all call it.
 """
 
 from __future__ import annotations
@@ -73,9 +79,37 @@ def mean_ci(values: Sequence[float] | Mapping, confidence: float = 0.95, *, what
   return Interval(mean, mean - half, mean + half, n, std, confidence)
 
 
+def _finite(v) -> bool:
+  return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def paired_test(values: Mapping, baseline: Mapping, confidence: float = 0.95) -> dict:
+  """The seed-paired difference on the seeds where both are finite ({seed: value} each):
+  "mean", the t-interval at `confidence` ("low", "high"), the two-sided p-value of a zero
+  mean ("p"), "n" and the per-seed differences ("diffs"). With fewer than two seeds: no
+  interval and no p (NaN); with none, no mean either."""
+  seeds = sorted(s for s in values if s in baseline and _finite(values[s]) and _finite(baseline[s]))
+  d = np.asarray([values[s] - baseline[s] for s in seeds], float)
+  out = {"n": len(d), "diffs": dict(zip(seeds, d.tolist())), "mean": float(d.mean()) if len(d) else math.nan,
+         "low": math.nan, "high": math.nan, "p": math.nan}
+  if len(d) < 2:
+    return out
+  iv = mean_ci(d, confidence)
+  out.update(low=iv.low, high=iv.high)
+  sd = d.std(ddof=1)
+  if sd == 0:
+    out["p"] = 1.0 if d.mean() == 0 else 0.0
+  else:
+    from scipy import stats as scipy_stats
+    t = d.mean() / (sd / math.sqrt(len(d)))
+    out["p"] = float(2 * scipy_stats.t.sf(abs(t), len(d) - 1))
+  return out
+
+
 def paired_difference(values: Sequence[float] | Mapping, baseline: Sequence[float] | Mapping,
                       confidence: float = 0.95, *, what: str = "values") -> Interval:
-  """Mean of (values - baseline) seed by seed, with its t interval.
+  """Mean of (values - baseline) seed by seed, with its t interval (`paired_test`), strictly:
+  every value finite, the same seeds on both sides, at least two.
 
   Mappings are paired by seed (both must hold the same seeds); sequences by position.
   """
@@ -91,7 +125,11 @@ def paired_difference(values: Sequence[float] | Mapping, baseline: Sequence[floa
   a, b = _values(values, what), _values(baseline, f"{what} (baseline)")
   if a.shape != b.shape:
     raise ValueError(f"{what}: {len(a)} values but {len(b)} baseline values; pair them by seed")
-  return mean_ci(a - b, confidence, what=f"{what} - baseline")
+  t = paired_test(dict(enumerate(a)), dict(enumerate(b)), confidence)
+  d = np.asarray(list(t["diffs"].values()), float)
+  if t["n"] < 2:
+    mean_ci(d, confidence, what=f"{what} - baseline")  # raises, naming what is wrong
+  return Interval(t["mean"], t["low"], t["high"], t["n"], float(d.std(ddof=1)), confidence)
 
 
 def compare(results: Mapping[str, Mapping], baseline: str, confidence: float = 0.95) -> dict:
@@ -108,4 +146,23 @@ def compare(results: Mapping[str, Mapping], baseline: str, confidence: float = 0
         "diff": None if name == baseline else paired_difference(by_seed, results[baseline], confidence,
                                                                 what=f"{name} vs {baseline}"),
     }
+  return out
+
+
+def holm(pvalues, m: int | None = None) -> np.ndarray:
+  """Holm's step-down adjusted p-values, in the input order: sorted ascending, the i-th
+  (from 0) of m is max_{j <= i} min(1, (m - j) p_(j)) (Holm, "A simple sequentially
+  rejective multiple test procedure", Scand. J. Statist. 1979). NaN p-values (contrasts that
+  could not be tested) stay NaN; m is the number of finite ones unless given (the size of the
+  pre-registered family, so that an untestable contrast counts as p = 1)."""
+  p = np.asarray(pvalues, float)
+  out = np.full(p.shape, np.nan)
+  ok = np.flatnonzero(np.isfinite(p))
+  m = len(ok) if m is None else m
+  if m < len(ok):
+    raise ValueError(f"holm: m = {m} is smaller than the {len(ok)} finite p-values")
+  running = 0.0
+  for rank, idx in enumerate(ok[np.argsort(p[ok], kind="stable")]):
+    running = max(running, min(1.0, (m - rank) * p[idx]))
+    out[idx] = running
   return out

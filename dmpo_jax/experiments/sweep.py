@@ -1,10 +1,19 @@
 r"""Run presets x settings x seeds of one config, one folder per run, then one report.
 
-    python -m dmpo_jax.experiments.sweep --config=configs/collapse.py --out=runs/sweep        # SETTINGS x 5 seeds
-    python -m dmpo_jax.experiments.sweep --config=configs/collapse.py --out=runs/sweep \
+The runner is generic: what to sweep is a study's `Design` (run labels -> config overrides,
+families, pre-registered contrasts, tiers, the matched analysis), which the study's entry
+point passes to `main` (studies/<study>/design.py; this module imports no study):
+
+    python -m studies.collapse_frontier.sweep --config=configs/collapse.py --out=runs/sweep    # every label x 5 seeds
+    python -m studies.collapse_frontier.sweep --config=configs/collapse.py --out=runs/sweep \
         --presets=grpo,dmpo-2-a1_15 --seeds=0-4 --set=rl.steps=120
-    python -m dmpo_jax.experiments.sweep --config=configs/collapse.py --out=/tmp/sw --smoke --presets=grpo,dmpo --seeds=0,1
-    python -m dmpo_jax.experiments.sweep --out=runs/sweep --report_only                         # rebuild the report
+    python -m studies.collapse_frontier.sweep --config=configs/collapse.py --out=/tmp/sw --smoke --presets=grpo,dmpo --seeds=0,1
+    python -m studies.collapse_frontier.sweep --out=runs/sweep --report_only                     # rebuild the report
+
+Run directly, without a study, it sweeps the config as it is: one label, "config" (seeds, and
+--set for every run), and its report has no pre-registered contrasts:
+
+    python -m dmpo_jax.experiments.sweep --config=configs/nphard.py --out=runs/seeds --seeds=0-2
 
 Layout of --out: `<label>/seed<k>/` (an ordinary training workdir per run),
 `_sft/seed<k>/` (the shared SFT stage and evaluation before RL of seed k),
@@ -47,107 +56,33 @@ import traceback
 
 from dmpo_jax.training import config as config_lib
 
-# Each setting: a run label -> overrides of config fields (applied after the config file and
-# --smoke; --set overrides apply to every run). The DM-only ablation needs a registered `none`
-# policy loss; where the installed objectives refuse it, the sweep skips that label and says so.
-SETTINGS: dict[str, dict] = {
-    "grpo": {"rl.algo": "grpo"},
-    "dmpo": {"rl.algo": "dmpo", "rl.objective.dm_coef": 0.5, "rl.objective.dm_alpha": 1.0},
-    "dmpo-2-a1_15": {"rl.algo": "dmpo", "rl.objective.dm_coef": 2.0, "rl.objective.dm_alpha": 1 / 15},
-    "dmpo-20-a1_15": {"rl.algo": "dmpo", "rl.objective.dm_coef": 20.0, "rl.objective.dm_alpha": 1 / 15},
-    "dm_only-2-a1_15": {"rl.algo": "dmpo", "rl.objective.dm_coef": 2.0, "rl.objective.dm_alpha": 1 / 15,
-                        "rl.objective.policy_loss": "none"},
-    "dph_f": {"rl.algo": "dph_f"},
-    "dph_js": {"rl.algo": "dph_js"},
-    # The same with the two terms as separate means (eta x the whole D_pef batch's mean).
-    "dph_f-sep": {"rl.algo": "dph_f", "dph.weighting": "separate"},
-    "dph_js-sep": {"rl.algo": "dph_js", "dph.weighting": "separate"},
-    "rkl-0.01": {"rl.algo": "rkl", "rl.objective.kl_coef": 0.01},
-    "rkl-0.1": {"rl.algo": "rkl", "rl.objective.kl_coef": 0.1},
-    "grpo-g16": {"rl.algo": "grpo", "rl.group_size": 16},
-    "dmpo-2-a1_15-g16": {"rl.algo": "dmpo", "rl.objective.dm_coef": 2.0, "rl.objective.dm_alpha": 1 / 15,
-                         "rl.group_size": 16},
-}
 
-# Strength axes (docs/COLLAPSE.md, "Pre-registration"): each remedy at 4 strengths from about
-# GRPO to over-regularised, geometric steps; GRPO at lower learning rates as "less RL" (its
-# evaluation points at 1/3 and 2/3 of the run are GRPO with fewer steps as well).
-def _fmt(x: float) -> str:
-  return f"{x:g}"
+@dataclasses.dataclass(frozen=True)
+class Design:
+  """What a study sweeps (its folder's design.py builds one; the runner imports no study).
+
+  settings: run label -> overrides of config fields ({"rl.algo": "dmpo", "rl.lr": 1e-4}),
+    applied after the config file and --smoke; --set overrides apply to every run.
+  families: methods of the matched comparison, each a list of labels along one strength axis.
+  contrasts: the pre-registered (family, family) pairs, Holm-corrected together.
+  tiers: named label lists that --presets accepts beside labels ("tier1": [...]).
+  baseline: the label the report's paired differences are against (and the matching reference).
+  analysis: the pre-registered matched analysis (frontier.Analysis) the report runs; None: none.
+  settings, families, contrasts and baseline are recorded in sweep.json."""
+  settings: dict
+  families: dict = dataclasses.field(default_factory=dict)
+  contrasts: list = dataclasses.field(default_factory=list)
+  tiers: dict = dataclasses.field(default_factory=dict)
+  baseline: str = "grpo"
+  analysis: object = None
 
 
-DMPO_LAMBDAS = (5.0, 20.0, 80.0, 320.0)       # at alpha = 1/15 (dmpo-20: gradient share ~0.17)
-DM_ONLY_LRS = (3e-5, 1e-4, 3e-4, 1e-3)        # Adam ignores a loss scale: the LR is the strength
-RKL_BETAS = (0.01, 0.05, 0.25, 1.25)          # rkl-0.1: gradient share ~0.165
-DPH_ETAS = (0.02, 0.1, 0.5, 2.5)              # per-sample eta (the authors' weighting; default 0.05)
-GRPO_LRS = (1e-4, 3e-5)                       # "less RL" beside grpo's 3e-4
-for lam in DMPO_LAMBDAS:
-  SETTINGS[f"dmpo-{_fmt(lam)}-a1_15"] = {"rl.algo": "dmpo", "rl.objective.dm_coef": lam,
-                                         "rl.objective.dm_alpha": 1 / 15}
-DM_ONLY_LABELS = [f"dm_only-lr{_fmt(lr)}" if lr != 3e-4 else "dm_only-2-a1_15" for lr in DM_ONLY_LRS]
-for lr, label in zip(DM_ONLY_LRS, DM_ONLY_LABELS):
-  SETTINGS[label] = {"rl.algo": "dmpo", "rl.objective.dm_coef": 2.0,
-                                       "rl.objective.dm_alpha": 1 / 15, "rl.objective.policy_loss": "none",
-                                       "rl.lr": lr}
-for beta in RKL_BETAS:
-  SETTINGS[f"rkl-{_fmt(beta)}"] = {"rl.algo": "rkl", "rl.objective.kl_coef": beta}
-for eta in DPH_ETAS:
-  SETTINGS[f"dph_f-eta{_fmt(eta)}"] = {"rl.algo": "dph_f", "rl.objective.div_coef": eta}
-  SETTINGS[f"dph_js-eta{_fmt(eta)}"] = {"rl.algo": "dph_js", "rl.objective.div_coef": eta}
-for lr in GRPO_LRS:
-  SETTINGS[f"grpo-lr{_fmt(lr)}"] = {"rl.algo": "grpo", "rl.lr": lr}
-# GRPO on D_exp alone (DPH's data split without its divergence): the control for that split.
-SETTINGS["dph_f-eta0"] = {"rl.algo": "dph_f", "rl.objective.div_coef": 0.0}
-# Exploratory, added after tier 1 (docs/RESULTS.md section 1): at eta <= 2.5 the DPH-F term
-# stayed at 0.016-0.25 of the policy gradient's norm; these reach over-regularised.
-DPH_ETAS_STRONG = (12.5, 62.5)
-for eta in DPH_ETAS_STRONG:
-  SETTINGS[f"dph_f-eta{_fmt(eta)}"] = {"rl.algo": "dph_f", "rl.objective.div_coef": eta}
-  # The confirmatory design's DPH-JS axis (studies/collapse_confirm) matches DPH-F's.
-  SETTINGS[f"dph_js-eta{_fmt(eta)}"] = {"rl.algo": "dph_js", "rl.objective.div_coef": eta}
-# G = 16 matched on samples (4 prompts x 16 = 8 x 8 = 64 samples a step); "grpo-g16" is
-# matched on prompts (8 x 16 = 128 samples).
-SETTINGS["grpo-g16-samples"] = {"rl.algo": "grpo", "rl.group_size": 16, "rl.prompts_per_step": 4}
+AS_IS = "config"  # without a study: the one label, the config file as it is (with --set)
 
-# The other published answers to collapse (docs/METHODS.md), each along its declared knob, from
-# weakest (at or near GRPO) to strongest: exploratory labels of the frontier sweep (tier 2).
-BASELINE_AXES = {
-    "passk": ("passk_k", (1, 2, 4, 8)),             # k = 1 is GRPO on the correct flag
-    "pkpo": ("pkpo_k", (1, 2, 4, 8)),
-    "unlikely": ("unlikely_penalty", (0.05, 0.25, 0.5, 0.9)),
-    "w_reinforce": ("psr_weight", (1.0, 0.3, 0.1, 0.0)),  # 0: NSR
-    "kl_cov": ("kl_cov_frac", (0.005, 0.02, 0.08, 0.3)),
-    "clip_cov": ("clip_cov_frac", (0.005, 0.02, 0.08, 0.3)),
-    "outcome_batch": ("explore_coef", (0.1, 0.5, 2.0, 8.0)),
-    "outcome_ucb": ("explore_coef", (0.1, 0.5, 2.0, 8.0)),
-}
-for _algo, (_knob, _values) in BASELINE_AXES.items():
-  for _v in _values:
-    SETTINGS[f"{_algo}-{_knob}{_fmt(_v)}"] = {"rl.algo": _algo, f"rl.objective.{_knob}": _v}
 
-# Methods (families of labels along one strength axis) of the matched comparison.
-FAMILIES: dict[str, list[str]] = {
-    "grpo-less-rl": ["grpo"] + [f"grpo-lr{_fmt(x)}" for x in GRPO_LRS],
-    "dmpo": [f"dmpo-{_fmt(x)}-a1_15" for x in DMPO_LAMBDAS],
-    "dm_only": DM_ONLY_LABELS,  # 3e-4 (the config's RL rate) is the earlier dm_only-2-a1_15
-    "rkl": [f"rkl-{_fmt(x)}" for x in RKL_BETAS],
-    "dph_f": [f"dph_f-eta{_fmt(x)}" for x in DPH_ETAS],
-    "dph_f-eta0": ["dph_f-eta0"],
-    "dph_f-strong": [f"dph_f-eta{_fmt(x)}" for x in DPH_ETAS_STRONG],
-    "dph_js": [f"dph_js-eta{_fmt(x)}" for x in DPH_ETAS],
-    "grpo-g16-samples": ["grpo-g16-samples"],
-    **{algo: [f"{algo}-{knob}{_fmt(v)}" for v in values]
-       for algo, (knob, values) in BASELINE_AXES.items()},
-}
-# The pre-registered contrasts (docs/COLLAPSE.md), all at matched pass@1, Holm-corrected together.
-CONTRASTS = [("dmpo", "rkl"), ("dph_f", "rkl"), ("dm_only", "rkl"),
-             ("dmpo", "grpo-less-rl"), ("dph_f", "grpo-less-rl"), ("dm_only", "grpo-less-rl")]
-# Tier 1 (pre-registered): 20 labels. Tier 2 (exploratory, if the budget allows).
-TIER1 = (FAMILIES["grpo-less-rl"] + FAMILIES["dph_f-eta0"] + FAMILIES["dmpo"] + FAMILIES["dm_only"]
-         + FAMILIES["rkl"] + FAMILIES["dph_f"])
-TIER2 = (FAMILIES["dph_js"] + ["grpo-g16", "grpo-g16-samples"]
-         + [label for algo in BASELINE_AXES for label in FAMILIES[algo]])
-BASELINE = "grpo"  # paired differences in the report are against this label
+def as_is() -> Design:
+  """The design of a sweep without a study: seeds of the config as it is."""
+  return Design(settings={AS_IS: {}}, baseline=AS_IS)
 
 # Fields a setting may change while still sharing the seed's SFT stage and evaluation before RL
 # (a prefix ending in "." covers a whole group). Everything else (model, SFT, tasks, level,
@@ -274,15 +209,16 @@ def check_objective(cfg) -> str | None:
   return None
 
 
-def plan(base, labels, seeds, sets: dict, share: bool = True, log=print) -> list[Run]:
-  """The runs, label-major; labels whose objective cannot be built are skipped with a message."""
-  unknown = [l for l in labels if l not in SETTINGS]
+def plan(base, labels, seeds, sets: dict, share: bool = True, log=print, *, settings: dict) -> list[Run]:
+  """The runs, label-major (settings: a design's label -> overrides); labels whose objective
+  cannot be built are skipped with a message."""
+  unknown = [l for l in labels if l not in settings]
   if unknown:
-    raise SweepError(f"--presets: unknown label(s) {unknown}; choose from {list(SETTINGS)}")
+    raise SweepError(f"--presets: unknown label(s) {unknown}; choose from {list(settings)}")
   base = apply_overrides(base, sets, "--set")
   runs = []
   for label in labels:
-    cfg = apply_overrides(base, SETTINGS[label], f"setting {label!r}")
+    cfg = apply_overrides(base, settings[label], f"setting {label!r}")
     why = check_objective(cfg)
     if why is not None:
       log(f"skipping {label}: its objective cannot be built here ({why})")
@@ -495,18 +431,19 @@ def execute(run: Run, out: str, train_fn, log=print) -> dict:
 
 
 def write_manifest(out: str, args: dict, runs: list[Run], sessions: list | None = None,
-                   config: dict | None = None) -> None:
+                   config: dict | None = None, *, design: Design) -> None:
   """sweep.json: what was asked (with "config", the base config after --set as config.json
-  holds it, which --merge_from compares), and each invocation ("sessions": commit, machine,
-  start, wall time; a resumed sweep adds one)."""
+  holds it, which --merge_from compares; the design's settings of its labels, families,
+  contrasts and baseline), and each invocation ("sessions": commit, machine, start, wall time;
+  a resumed sweep adds one)."""
   from dmpo_jax.training import report
   path = os.path.join(out, "sweep.json")
   old = report.read_json(path) if os.path.exists(path) else {}
   labels = list(dict.fromkeys(old.get("labels", []) + [r.label for r in runs]))
   seeds = sorted(set(old.get("seeds", [])) | {r.seed for r in runs})
-  report.write_json({"args": args, "labels": labels, "seeds": seeds, "baseline": BASELINE,
-                     "settings": {l: SETTINGS.get(l, old.get("settings", {}).get(l)) for l in labels},
-                     "families": FAMILIES, "contrasts": CONTRASTS,
+  report.write_json({"args": args, "labels": labels, "seeds": seeds, "baseline": design.baseline,
+                     "settings": {l: design.settings.get(l, old.get("settings", {}).get(l)) for l in labels},
+                     "families": design.families, "contrasts": design.contrasts,
                      "config": config if config is not None else old.get("config"),
                      "sessions": sessions if sessions is not None else old.get("sessions", [])},
                     path)
@@ -660,14 +597,44 @@ def run_sweep(runs: list[Run], out: str, *, train_fn=None, max_runs: int | None 
 
 
 # ---------------------------------------------------------------------------
-def main(argv=None):
+def merge_and_report(args, design: Design | None) -> int:
+  """--merge_from (then the report) and --report_only; design None: no study's (a folder
+  whose sweep.json records contrasts is reported without them, with a note)."""
+  from dmpo_jax.experiments import report as sweep_report
+  from dmpo_jax.training import report as report_lib
+  if args.merge_from:
+    try:
+      moved = merge(args.out, args.merge_from)
+    except SweepError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
+    print(f"merged {len(moved)} runs from {args.merge_from} into {args.out}")
+  if not os.path.isdir(args.out):
+    print(f"error: --out={args.out}: no such folder", file=sys.stderr)
+    return 2
+  path = os.path.join(args.out, "sweep.json")
+  if design is None and os.path.exists(path) and (report_lib.read_result(path)[0] or {}).get("contrasts"):
+    print("note: no study's design: the report has no pre-registered contrasts (run the study's "
+          "entry point, e.g. python -m studies.collapse_frontier.sweep --report_only)", file=sys.stderr)
+  print(sweep_report.write_report(args.out, analysis=design and design.analysis)["summary"])
+  return 0
+
+
+def main(argv=None, design: Design | None = None, prog: str = "python -m dmpo_jax.experiments.sweep"):
+  """The command line. design: a study's (its entry point passes it); None: the config as it
+  is, one label (AS_IS), no pre-registered analysis."""
   import argparse
-  ap = argparse.ArgumentParser(prog="python -m dmpo_jax.experiments.sweep", description=__doc__.split("\n")[0])
+  study = design is not None
+  design = design or as_is()
+  ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0] + (
+      "" if study else f" Without a study: one label, {AS_IS!r} (the config as it is); a study's entry "
+      "point (e.g. python -m studies.collapse_frontier.sweep) has the same flags and its labels."))
   ap.add_argument("--config", default="configs/collapse.py", help="config file[:args]")
   ap.add_argument("--out", required=True, help="sweep folder (resumed when it exists)")
-  ap.add_argument("--presets", default=",".join(SETTINGS),
-                  help="comma-separated labels of SETTINGS (default: all), or 'tier1' / 'tier2' "
-                  f"(the collapse experiment's label lists): {', '.join(SETTINGS)}")
+  tiers = f", or a tier: {' / '.join(repr(t) for t in design.tiers)}" if design.tiers else ""
+  ap.add_argument("--presets", default=",".join(design.settings),
+                  help=f"comma-separated labels of the design (default: all){tiers}: "
+                  f"{', '.join(design.settings)}")
   ap.add_argument("--seeds", default="0-4", help="e.g. 0-4 or 0,1,5")
   ap.add_argument("--smoke", action="store_true", help="the config's smoke setting (a few steps)")
   ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
@@ -685,25 +652,14 @@ def main(argv=None):
   args = ap.parse_args(argv)
   from dmpo_jax.experiments import report as sweep_report
 
-  if args.merge_from:
-    try:
-      moved = merge(args.out, args.merge_from)
-    except SweepError as e:
-      print(f"error: {e}", file=sys.stderr)
-      return 2
-    print(f"merged {len(moved)} runs from {args.merge_from} into {args.out}")
   if args.report_only or args.merge_from:
-    if not os.path.isdir(args.out):
-      print(f"error: --out={args.out}: no such folder", file=sys.stderr)
-      return 2
-    print(sweep_report.write_report(args.out)["summary"])
-    return 0
+    return merge_and_report(args, design if study else None)
   try:
     base = load_config(args.config, args.smoke)
     labels = [m for l in args.presets.split(",") if l.strip()
-              for m in ({"tier1": TIER1, "tier2": TIER2}.get(l.strip()) or [l.strip()])]
+              for m in (design.tiers.get(l.strip()) or [l.strip()])]
     sets = parse_sets(args.set)
-    runs = plan(base, labels, parse_seeds(args.seeds), sets, share=not args.no_share)
+    runs = plan(base, labels, parse_seeds(args.seeds), sets, share=not args.no_share, settings=design.settings)
     base_config = config_lib.config_json(apply_overrides(base, sets, "--set"))
     if args.seed_major:
       runs.sort(key=lambda r: r.seed)  # stable: labels keep their order within a seed
@@ -724,12 +680,12 @@ def main(argv=None):
   sessions = (report_lib.read_json(path).get("sessions", []) if os.path.exists(path) else [])
   session = dict(frontier.provenance(), started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  wall_s=None)
-  write_manifest(args.out, vars(args), runs, sessions + [session], base_config)
+  write_manifest(args.out, vars(args), runs, sessions + [session], base_config, design=design)
   t0 = time.time()
   status = run_sweep(runs, args.out, max_runs=args.max_runs, progress=not args.no_progress)
   session.update(wall_s=time.time() - t0, runs={k: len(v) for k, v in status.items()})
-  write_manifest(args.out, vars(args), runs, sessions + [session], base_config)
-  rep = sweep_report.write_report(args.out)
+  write_manifest(args.out, vars(args), runs, sessions + [session], base_config, design=design)
+  rep = sweep_report.write_report(args.out, analysis=design.analysis)
   print(rep["summary"])
   print("sweep: " + ", ".join(f"{k} {len(v)}" for k, v in status.items()) + f"; report in {args.out}/report.md")
   if status["failed"]:

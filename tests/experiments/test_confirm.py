@@ -8,6 +8,7 @@ import pytest
 
 from dmpo_jax.experiments import confirm, frontier, sweep
 from studies.collapse_confirm import design
+from studies.collapse_frontier import design as frontier_design
 
 
 def point(pass1_ab, cov_a, n=16):
@@ -114,14 +115,14 @@ def test_design_confirmatory_seeds_are_fresh_and_labels_exist():
   assert {len(v) for v in design.CANDIDATES.values()} == {4}  # the same number of labels per family
   for labels in design.CANDIDATES.values():
     for label in labels:
-      assert label in sweep.SETTINGS, label
-  assert design.REFERENCE in sweep.SETTINGS and design.FULL_GRPO in sweep.SETTINGS
+      assert label in frontier_design.SETTINGS, label
+  assert design.REFERENCE in frontier_design.SETTINGS and design.FULL_GRPO in frontier_design.SETTINGS
   assert len(design.stage1_labels()) == 4 * 13 - len(design.RAN_IN_TIER1) == 38
   # the sweep plan of stage 2 holds no exploration seed
   chosen = {f: labels[0] for f, labels in design.CANDIDATES.items()}
   base = sweep.load_config("configs/collapse.py", smoke=True)
   runs = sweep.plan(base, design.confirm_labels(chosen), list(design.CONFIRM_SEEDS),
-                    {"eval.points": design.EVAL_POINTS}, log=lambda *_: None)
+                    {"eval.points": design.EVAL_POINTS}, log=lambda *_: None, settings=frontier_design.SETTINGS)
   assert runs and not {r.seed for r in runs} & set(range(5))
   assert len(runs) == 15 * len(design.CONFIRM_SEEDS)
 

@@ -11,9 +11,10 @@ import sys
 import numpy as np
 import pytest
 
-from dmpo_jax.experiments import frontier, report as sweep_report, sweep
-from dmpo_jax.training import points, report
+from dmpo_jax.experiments import frontier, report as sweep_report, stats, sweep
+from dmpo_jax.training import points, report, specs
 from dmpo_jax.data import instances, pipeline, splits
+from studies.collapse_frontier import design
 from tests.helpers import REPO, smoke
 
 CONFIG = os.path.join(REPO, "configs", "collapse.py")
@@ -205,26 +206,27 @@ def test_matched_families_and_contrasts_on_synthetic_curves():
   noisy = {"keep": {s: 0.5 + 0.1 * ((-1) ** s) * (s + 1) for s in range(5)}, "grpo-less-rl": {s: 0.4 for s in range(5)}}
   (r2,) = frontier.contrasts(noisy, [("keep", "grpo-less-rl")], m=2)
   (r12,) = frontier.contrasts(noisy, [("keep", "grpo-less-rl")], m=12)
-  wide = frontier.paired_test(noisy["keep"], noisy["grpo-less-rl"], 1 - 0.05 / 12)
+  wide = stats.paired_test(noisy["keep"], noisy["grpo-less-rl"], 1 - 0.05 / 12)
   assert r12["low_bonferroni"] == pytest.approx(wide["low"]) and r12["low_bonferroni"] < r2["low_bonferroni"]
   assert r12["p_holm"] == pytest.approx(min(1.0, 12 * r12["p"]))
   # the rule's target: start 0.5 + half of grpo's mean gain (its mean end is 0.82)
-  tg = frontier.targets(pts, "grpo")
+  tg = frontier.targets(pts, "grpo", design.ANALYSIS)
   assert tg[("AB", "pass_optimal@1")] == tg[("A", "pass_optimal@1")] == pytest.approx(0.5 + 0.5 * 0.32)
   assert tg[("AB", "kl_k1")] == pytest.approx(0.5 * 0.32)
   # a seed whose own start is already above the target: named, and matched at its start
   high = dict(pts, grpo={**pts["grpo"], 5: synthetic_points(2.0, 0.9, start=0.7)})
-  res = frontier.analyse(high, fam, [("keep", "grpo-less-rl")])
+  res = frontier.analyse(high, fam, [("keep", "grpo-less-rl")], "grpo", design.ANALYSIS)
   assert res["start_at_target"]["AB/pass_optimal@1"] == [5]
   assert res["matched"]["A/coverage@AB/pass_optimal@1"]["grpo-less-rl"][5] == pytest.approx(0.9)
   flat = {"grpo": {s: synthetic_points(2.0, 0.51) for s in range(5)}}  # a gain below MIN_GAIN
-  assert ("AB", "pass_optimal@1") not in frontier.targets(flat, "grpo")
+  assert ("AB", "pass_optimal@1") not in frontier.targets(flat, "grpo", design.ANALYSIS)
   # targets given by hand (an exploratory analysis): the rule's own give the same result;
   # another target moves the matched values; a spec left out has no target
   same = lambda r: json.dumps(r, sort_keys=True)  # NaN-tolerant equality
-  assert same(frontier.analyse(pts, fam, [("keep", "grpo-less-rl")], given_targets=tg)) == \
-      same(frontier.analyse(pts, fam, [("keep", "grpo-less-rl")]))
-  at = frontier.analyse(pts, fam, [("keep", "grpo-less-rl")], given_targets={("AB", "pass_optimal@1"): 0.7})
+  assert same(frontier.analyse(pts, fam, [("keep", "grpo-less-rl")], "grpo", design.ANALYSIS, given_targets=tg)) == \
+      same(frontier.analyse(pts, fam, [("keep", "grpo-less-rl")], "grpo", design.ANALYSIS))
+  at = frontier.analyse(pts, fam, [("keep", "grpo-less-rl")], "grpo", design.ANALYSIS,
+                        given_targets={("AB", "pass_optimal@1"): 0.7})
   assert at["targets"] == {"AB/pass_optimal@1": 0.7}
   assert at["matched"]["A/coverage@AB/pass_optimal@1"]["keep"] == pytest.approx(vals["keep"])
   assert len(at["primary"]) == 2 and "exploratory: A/coverage at AB/kl_k1" in at["no_target"]
@@ -245,24 +247,24 @@ def test_union_of_sets_weighs_instances():
 # Statistics.
 def test_holm_against_a_hand_computed_case():
   # sorted: 0.005 (x4 = 0.02), 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1 = 0.04 -> 0.06, monotone)
-  got = frontier.holm([0.01, 0.04, 0.03, 0.005])
+  got = stats.holm([0.01, 0.04, 0.03, 0.005])
   assert got == pytest.approx([0.03, 0.06, 0.06, 0.02])
-  assert frontier.holm([0.5, 0.4]) == pytest.approx([0.8, 0.8])  # capped at 1 only above
-  got = frontier.holm([0.01, float("nan"), 0.02])  # NaN: not counted in m
+  assert stats.holm([0.5, 0.4]) == pytest.approx([0.8, 0.8])  # capped at 1 only above
+  got = stats.holm([0.01, float("nan"), 0.02])  # NaN: not counted in m
   assert got[0] == pytest.approx(0.02) and math.isnan(got[1]) and got[2] == pytest.approx(0.02)
-  assert frontier.holm([0.3, 0.9]) == pytest.approx([0.6, 0.9])
+  assert stats.holm([0.3, 0.9]) == pytest.approx([0.6, 0.9])
   # a family of 4 registered tests of which one could not be run: m stays 4
-  got = frontier.holm([0.01, float("nan"), 0.02], m=4)
+  got = stats.holm([0.01, float("nan"), 0.02], m=4)
   assert got[0] == pytest.approx(0.04) and math.isnan(got[1]) and got[2] == pytest.approx(0.06)
   with pytest.raises(ValueError, match="m = 1"):
-    frontier.holm([0.01, 0.02], m=1)
+    stats.holm([0.01, 0.02], m=1)
 
 
 def test_paired_test_is_the_paired_t_test():
   from scipy import stats as scipy_stats
   a = {0: 0.5, 1: 0.61, 2: 0.47, 3: 0.55, 4: 0.58, 5: float("nan")}
   b = {0: 0.45, 1: 0.5, 2: 0.49, 3: 0.5, 4: 0.51, 5: 0.4}
-  r = frontier.paired_test(a, b)
+  r = stats.paired_test(a, b)
   ref = scipy_stats.ttest_rel([a[s] for s in range(5)], [b[s] for s in range(5)])
   assert r["n"] == 5 and r["p"] == pytest.approx(ref.pvalue)
   assert r["low"] < r["mean"] < r["high"]
@@ -301,7 +303,7 @@ def test_report_csv_holds_one_row_per_seed_and_label(tmp_path):
                      "contrasts": [["dmpo", "rkl"], ["dmpo", "grpo-less-rl"]],
                      "sessions": [{"commit": "abc", "machine": "cpu", "wall_s": 12.0}]},
                     os.path.join(out, "sweep.json"))
-  sweep_report.write_report(out, plots=False)
+  sweep_report.write_report(out, plots=False, analysis=design.ANALYSIS)
   with open(os.path.join(out, "per_seed.csv")) as f:
     rows = list(csv.DictReader(f))
   assert sorted((r["label"], r["seed"]) for r in rows) == sorted((l, str(s)) for l in labels for s in range(4))
@@ -334,6 +336,26 @@ def test_report_csv_holds_one_row_per_seed_and_label(tmp_path):
   assert second["contrast"] == "dmpo - grpo-less-rl" and second["mean"] == pytest.approx((2.0 - 0.5) * 0.15)
 
 
+def test_without_a_study_analysis_the_report_has_no_contrasts(tmp_path):
+  """The library holds no pre-registered analysis: without a study's, frontier.md has the
+  tables and no targets or contrasts."""
+  out = str(tmp_path)
+  for label, slope in (("grpo", 2.0), ("dmpo", 0.5)):
+    for seed in range(3):
+      fake_run(out, label, seed, synthetic_points(slope, 0.8))
+  report.write_json({"labels": ["grpo", "dmpo"], "seeds": [0, 1, 2], "baseline": "grpo",
+                     "families": {"g": ["grpo"], "d": ["dmpo"]}, "contrasts": [["d", "g"]]},
+                    os.path.join(out, "sweep.json"))
+  sweep_report.write_report(out, plots=False)
+  md = open(os.path.join(out, "frontier.md")).read()
+  assert "No pre-registered analysis" in md and "Pre-registered contrasts" not in md
+  assert "The start (RL step 0" in md
+  fr = json.load(open(os.path.join(out, "frontier.json")))
+  assert fr["targets"] == {} and fr["primary"] == [] and fr["exploratory"] == []
+  sweep_report.write_report(out, plots=False, analysis=design.ANALYSIS)
+  assert "Pre-registered contrasts" in open(os.path.join(out, "frontier.md")).read()
+
+
 def test_points_samples_per_set():
   assert points.parse_samples(64, ["A", "B", "C"]) == {"A": 64, "B": 64, "C": 64}
   assert points.parse_samples("8", ["pool"]) == {"pool": 8}
@@ -341,7 +363,7 @@ def test_points_samples_per_set():
   with pytest.raises(ValueError, match=r"\['D'\]"):
     points.parse_samples("D:8", ["A", "B", "C"])
   cfg = sweep.load_config(CONFIG, smoke=True)
-  points.check_config(cfg)
+  specs.check_points(cfg)
   cfg.eval.points_samples = "A:8,pool:8"  # the splits regime has no pool
   with pytest.raises(ValueError, match="points_samples"):
-    points.check_config(cfg)
+    specs.check_points(cfg)

@@ -1,16 +1,12 @@
-"""scripts/mm_control.py: the image policy's control tables from sweep folders (synthetic
-results with known differences)."""
+"""studies/mm_control/tables.py: the image policy's control tables from sweep folders
+(synthetic results with known differences)."""
 
-import importlib.util
 import json
 import os
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-spec = importlib.util.spec_from_file_location("mm_control", os.path.join(REPO, "scripts", "mm_control.py"))
-mm_control = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mm_control)
+from studies.mm_control import tables as mm_control
 
 TASKS = ("GCP-D", "TSP")
 

@@ -12,6 +12,7 @@ import pytest
 from dmpo_jax.training import report
 from dmpo_jax.experiments import report as sweep_report, stats, sweep
 from dmpo_jax.objectives import presets
+from studies.collapse_frontier import design
 from tests.helpers import REPO, smoke
 
 CONFIG = os.path.join(REPO, "configs", "collapse.py")
@@ -22,15 +23,20 @@ def base(smoke=True):
   return sweep.load_config(CONFIG, smoke=smoke)
 
 
+def plan(*args, **kw):
+  """The runner's plan with the collapse frontier's labels (studies/collapse_frontier)."""
+  return sweep.plan(*args, settings=design.SETTINGS, **kw)
+
+
 # ---------------------------------------------------------------------------
 # Settings and input.
 def test_settings_cover_the_issue_list_and_share_sft():
   cfg = base(smoke=False)
   for label in ("grpo", "dmpo", "dmpo-2-a1_15", "dmpo-20-a1_15", "dm_only-2-a1_15", "dph_f", "dph_js",
                 "rkl-0.01", "rkl-0.1", "grpo-g16", "dmpo-2-a1_15-g16"):
-    assert label in sweep.SETTINGS, label
+    assert label in design.SETTINGS, label
   seen = {}
-  for label, over in sweep.SETTINGS.items():
+  for label, over in design.SETTINGS.items():
     c = sweep.apply_overrides(cfg, over, label)  # every field exists and takes its value
     seen[label] = (c.rl.algo, c.rl.group_size, c.rl.objective.dm_coef, c.rl.objective.dm_alpha,
                    c.rl.objective.kl_coef, c.rl.objective.policy_loss, c.dph.weighting, c.rl.lr,
@@ -44,6 +50,17 @@ def test_settings_cover_the_issue_list_and_share_sft():
   assert seen["dm_only-2-a1_15"][5] == "none"
   assert seen["dph_f"][6] == "per_sample" and seen["dph_f-sep"][6] == "separate"
   assert cfg.rl.group_size == 8  # the config itself is untouched
+
+
+def test_without_a_study_the_runner_sweeps_the_config_as_it_is(tmp_path, capsys):
+  """The runner imports no study: run directly, its one label is the config as it is (with
+  --set); a study's label is refused, naming the choice."""
+  runs = sweep.plan(base(), [sweep.AS_IS], [0, 1], {"rl.steps": 2}, settings=sweep.as_is().settings,
+                    log=lambda m: None)
+  assert [r.label for r in runs] == [sweep.AS_IS] * 2 and runs[1].cfg.rl.steps == 2 and runs[1].shared
+  assert sweep.main([f"--config={CONFIG}", f"--out={tmp_path / 'o'}", "--presets=grpo"]) == 2
+  assert "unknown label(s) ['grpo']; choose from ['config']" in capsys.readouterr().err
+  assert not (tmp_path / "o").exists()
 
 
 def test_parse_seeds_and_sets():
@@ -68,14 +85,14 @@ def test_overrides_name_bad_fields():
   with pytest.raises(sweep.SweepError, match="rl.group_size=1.5"):
     sweep.apply_overrides(cfg, {"rl.group_size": 1.5}, "--set")
   with pytest.raises(sweep.SweepError, match="unknown label"):
-    sweep.plan(cfg, ["grpo", "no-such"], [0], {})
+    plan(cfg, ["grpo", "no-such"], [0], {})
 
 
 def test_plan_skips_unbuildable_objectives_and_unshareable_settings(monkeypatch):
-  monkeypatch.setitem(sweep.SETTINGS, "bogus", {"rl.algo": "grpo", "rl.objective.policy_loss": "bogus"})
-  monkeypatch.setitem(sweep.SETTINGS, "long-sft", {"rl.algo": "grpo", "sft.steps": 5})
+  monkeypatch.setitem(design.SETTINGS, "bogus", {"rl.algo": "grpo", "rl.objective.policy_loss": "bogus"})
+  monkeypatch.setitem(design.SETTINGS, "long-sft", {"rl.algo": "grpo", "sft.steps": 5})
   msgs = []
-  runs = sweep.plan(base(), ["grpo", "bogus", "long-sft", "dm_only-2-a1_15"], [0, 3], {"rl.steps": 2},
+  runs = plan(base(), ["grpo", "bogus", "long-sft", "dm_only-2-a1_15"], [0, 3], {"rl.steps": 2},
                     log=msgs.append)
   try:
     presets.objective_config("dmpo", policy_loss="none")
@@ -119,10 +136,10 @@ class FakeTrainer:
 
 
 def test_runner_shares_skips_records_failures_and_stops_on_signal(tmp_path, monkeypatch):
-  monkeypatch.setitem(sweep.SETTINGS, "gpg", {"rl.algo": "gpg"})
-  monkeypatch.setitem(sweep.SETTINGS, "gspo", {"rl.algo": "gspo"})
+  monkeypatch.setitem(design.SETTINGS, "gpg", {"rl.algo": "gpg"})
+  monkeypatch.setitem(design.SETTINGS, "gspo", {"rl.algo": "gspo"})
   out = str(tmp_path)
-  runs = sweep.plan(base(), ["grpo", "gpg", "dmpo"], [0, 1], {}, log=lambda m: None)
+  runs = plan(base(), ["grpo", "gpg", "dmpo"], [0, 1], {}, log=lambda m: None)
   fake = FakeTrainer(fail={"gpg"})
   st = sweep.run_sweep(runs, out, train_fn=fake, progress=False, log=lambda m: None)
   assert st["done"] == ["grpo/seed0", "grpo/seed1", "gpg/seed1", "dmpo/seed0", "dmpo/seed1"]
@@ -145,7 +162,7 @@ def test_runner_shares_skips_records_failures_and_stops_on_signal(tmp_path, monk
   assert not os.path.exists(os.path.join(out, "gpg", "seed0", "sweep_error.txt"))
 
   # a signal stops the sweep; the runs after it are pending; max_runs limits starts
-  runs = sweep.plan(base(), ["gspo", "grpo"], [2, 3], {}, log=lambda m: None)
+  runs = plan(base(), ["gspo", "grpo"], [2, 3], {}, log=lambda m: None)
   st = sweep.run_sweep(runs, out, train_fn=FakeTrainer(signal_at={"gspo"}), progress=False,
                        log=lambda m: None)
   assert st["stopped"] == ["gspo/seed2"] and st["pending"] == ["gspo/seed3", "grpo/seed2", "grpo/seed3"]
@@ -216,7 +233,7 @@ def test_report_on_a_partial_sweep(tmp_path):
 # The CLI end to end on the smoke config.
 def cli(out, *args, cache):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=REPO)
-  r = subprocess.run([sys.executable, "-m", "dmpo_jax.experiments.sweep", f"--config={CONFIG}", f"--out={out}",
+  r = subprocess.run([sys.executable, "-m", "studies.collapse_frontier.sweep", f"--config={CONFIG}", f"--out={out}",
                       "--smoke", f"--cache_dir={cache}", "--no_progress", "--set=log.tensorboard=False",
                       "--set=log.plots=False", "--set=checkpoint.export_hf=False", *args],
                      cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
@@ -296,18 +313,18 @@ def test_every_label_passes_the_config_checks():
   from dmpo_jax.training import run as run_lib
   base = sweep.load_config(os.path.join(REPO, "configs", "collapse.py"))
   skipped = []
-  runs = sweep.plan(base, list(sweep.SETTINGS), [0], {}, log=skipped.append)
+  runs = plan(base, list(design.SETTINGS), [0], {}, log=skipped.append)
   assert skipped == [] or all("trains its own SFT" in m for m in skipped), skipped
-  assert {r.label for r in runs} == set(sweep.SETTINGS)
-  for algo, (knob, values) in sweep.BASELINE_AXES.items():
-    assert sweep.FAMILIES[algo] and len(values) >= 4, algo
+  assert {r.label for r in runs} == set(design.SETTINGS)
+  for algo, (knob, values) in design.BASELINE_AXES.items():
+    assert design.FAMILIES[algo] and len(values) >= 4, algo
   mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
   for r in runs:
     config_lib.check_fields(r.cfg)
     obj = run_lib.objective_from_config(r.cfg)
     config_lib.check_config(r.cfg, obj, mesh)
-    if r.label.startswith(tuple(sweep.BASELINE_AXES)):
-      knob = sweep.BASELINE_AXES[r.cfg.rl.algo][0]
+    if r.label.startswith(tuple(design.BASELINE_AXES)):
+      knob = design.BASELINE_AXES[r.cfg.rl.algo][0]
       assert getattr(obj, knob) == r.cfg.rl.objective[knob], r.label
 
 
@@ -418,7 +435,7 @@ def snapshot(wd):
 
 def test_a_missing_point_makes_a_run_incomplete_and_the_rerun_computes_it(tmp_path):
   out = str(tmp_path / "sweep")
-  runs = sweep.plan(base(), ["grpo", "dmpo"], [0], {"eval.points": 4}, log=lambda m: None)
+  runs = plan(base(), ["grpo", "dmpo"], [0], {"eval.points": 4}, log=lambda m: None)
   sweep.run_sweep(runs, out, train_fn=PointsTrainer(), progress=False, log=lambda m: None)
   wd = lambda label: os.path.join(out, label, "seed0")
   whole = {l: snapshot(wd(l)) for l in ("grpo", "dmpo")}
@@ -482,7 +499,7 @@ def test_a_missing_point_makes_a_run_incomplete_and_the_rerun_computes_it(tmp_pa
 
 def test_an_unshared_run_without_a_checkpoint_before_its_missing_point_starts_again(tmp_path):
   out = str(tmp_path)
-  runs = sweep.plan(base(), ["grpo"], [1], {"eval.points": 4}, share=False, log=lambda m: None)
+  runs = plan(base(), ["grpo"], [1], {"eval.points": 4}, share=False, log=lambda m: None)
   sweep.run_sweep(runs, out, train_fn=PointsTrainer(), progress=False, log=lambda m: None)
   wd = os.path.join(out, "grpo", "seed1")
   whole = snapshot(wd)
@@ -512,10 +529,11 @@ def merge_folder(d, sets, finished, seeds, labels=("grpo",)):
   """A sweep folder as the CLI leaves it: sweep.json (its base config after `sets`), finished
   runs with results.json, the seeds' SFT stages."""
   cfg = sweep.apply_overrides(base(), sets, "--set")
-  runs = sweep.plan(base(), list(labels), seeds, sets, log=lambda m: None)
+  runs = plan(base(), list(labels), seeds, sets, log=lambda m: None)
   from dmpo_jax.training import config as config_lib
   d.mkdir(parents=True, exist_ok=True)
-  sweep.write_manifest(str(d), {"set": sets}, runs, [{"commit": str(d)}], config_lib.config_json(cfg))
+  sweep.write_manifest(str(d), {"set": sets}, runs, [{"commit": str(d)}], config_lib.config_json(cfg),
+                       design=design.DESIGN)
   for label, seed in finished:
     report.write_json({"wall_s": 1.0}, str(d / label / f"seed{seed}" / "results.json"))
   for seed in seeds:

@@ -2,9 +2,11 @@
 to k = 256 (optimal and feasible) and distinct optima, before RL and after each preset's RL,
 from a sweep folder of `configs/smollm2_nphard.py:demo`.
 
-    python -m dmpo_jax.experiments.sweep --config=configs/smollm2_nphard.py:demo \
+    python -m studies.collapse_frontier.sweep --config=configs/smollm2_nphard.py:demo \
         --out=runs/smollm2_demo --presets=grpo,dmpo,dph_f --seeds=0
-    python scripts/smollm2_demo.py runs/smollm2_demo docs/images/smollm2_demo_passk.png
+    python -m studies.smollm2_demo.tables runs/smollm2_demo docs/images/smollm2_demo_passk.png
+
+(The sweep uses the runner with the collapse frontier's label table: its `grpo`, `dmpo` and `dph_f`.)
 
 Prints a markdown table (overall: the mean over the demo's tasks of each task's mean over its
 held-out instances) and writes the figure.

@@ -1,8 +1,8 @@
 """Exploratory: the pre-registered contrasts of a strength-axis sweep at other pass@1 targets
 on A+B than the registered rule's (docs/RESULTS.md section 1), Holm over the 12 of each target
-(`frontier.analyse` with the targets given).
+(`frontier.analyse` with the targets given, this study's `design.ANALYSIS`).
 
-    python scripts/frontier_targets.py runs/frontier 0.42,0.44
+    python -m studies.collapse_frontier.targets runs/frontier 0.42,0.44
 """
 
 import json
@@ -11,6 +11,7 @@ import os
 import sys
 
 from dmpo_jax.experiments import frontier
+from studies.collapse_frontier import design
 
 
 def main(out: str, targets: str) -> None:
@@ -20,8 +21,9 @@ def main(out: str, targets: str) -> None:
   fams = {f: [l for l in ls if l in pts] for f, ls in man["families"].items()}
   pairs = [tuple(p) for p in man["contrasts"]]
   for target in map(float, targets.split(",")):
-    res = frontier.analyse(pts, fams, pairs, given_targets={("AB", "pass_optimal@1"): target})
-    for _, _, ys, y in frontier.PRIMARY:
+    res = frontier.analyse(pts, fams, pairs, man.get("baseline", design.BASELINE), design.ANALYSIS,
+                           given_targets={("AB", "pass_optimal@1"): target})
+    for _, _, ys, y in design.ANALYSIS.primary:
       vals = res["matched"][f"{ys}/{y}@AB/pass_optimal@1"]
       means = {f: [v for v in d.values() if math.isfinite(v)] for f, d in vals.items()}
       print(f"target {target} {ys}/{y} matched mean (n seeds):",

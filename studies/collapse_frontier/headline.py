@@ -1,6 +1,6 @@
 """The headline tables of docs/RESULTS.md from a sweep's report.json.
 
-    python scripts/collapse_headline.py runs/collapse_sweep/report.json
+    python -m studies.collapse_frontier.headline runs/collapse_sweep/report.json
 
 Mean [95% interval] over seeds after RL, the SFT start's row first; then paired
 differences against grpo on the same seeds, and the gradient norms of the RL terms.

@@ -2,9 +2,9 @@
 from-scratch vision tower read `tiny` instances, judged by transcription accuracy from the
 image against the blank-image control on held-out instances.
 
-    python scripts/perception_search.py --out=runs/perception_search                # every regime
-    python scripts/perception_search.py --out=runs/perception_search --regimes=base,wide
-    python scripts/perception_search.py --out=runs/perception_search --table_only    # rebuild search.md
+    python -m studies.perception_search.search --out=runs/perception_search               # every regime
+    python -m studies.perception_search.search --out=runs/perception_search --regimes=base,wide
+    python -m studies.perception_search.search --out=runs/perception_search --table_only  # rebuild search.md
 
 Each regime is `configs/mm_nphard.py` with the perception stage only (perception.steps =
 sft.steps = --steps, no RL) and the overrides below; one workdir per regime under

@@ -1,11 +1,13 @@
 """The image policy's control and the paper's comparison, small (docs/MULTIMODAL.md): tables
 from a sweep of `configs/mm_nphard.py` (and, for the text side, one of `configs/nphard.py`).
 
-    python -m dmpo_jax.experiments.sweep --config=configs/mm_nphard.py --out=runs/mm_control \
+    python -m studies.collapse_frontier.sweep --config=configs/mm_nphard.py --out=runs/mm_control \
         --presets=dmpo,grpo --seeds=0-4 --seed_major
-    python -m dmpo_jax.experiments.sweep --config=configs/nphard.py --out=runs/text_control \
+    python -m studies.collapse_frontier.sweep --config=configs/nphard.py --out=runs/text_control \
         --presets=dmpo,grpo --seeds=0-4 --seed_major
-    python scripts/mm_control.py runs/mm_control --text=runs/text_control --out=control.md
+    python -m studies.mm_control.tables runs/mm_control --text=runs/text_control --out=control.md
+
+(The sweeps use the runner with the collapse frontier's label table: its `dmpo` and `grpo`.)
 
 Written (markdown):
 1. the pre-registered primary endpoint: QR@3 overall after RL of `--preset` (dmpo),
@@ -28,7 +30,7 @@ import math
 import os
 import re
 
-from dmpo_jax.experiments import frontier, stats
+from dmpo_jax.experiments import stats
 
 METRICS = ("QR@3", "SR@3")
 MODALITIES = ("image", "blank", "text")
@@ -74,7 +76,7 @@ def fmt_test(t: dict) -> str:
 
 
 def primary(runs: dict) -> tuple[str, dict]:
-  t = frontier.paired_test(by_seed(runs, "after", "image", "QR@3"), by_seed(runs, "after", "blank", "QR@3"))
+  t = stats.paired_test(by_seed(runs, "after", "image", "QR@3"), by_seed(runs, "after", "blank", "QR@3"))
   verdict = ("holds: the interval excludes 0 on the positive side" if t["low"] > 0 else
              "not shown: the interval does not exclude 0 on the positive side")
   line = (f"**Primary endpoint** (pre-registered): QR@3 overall after RL, image - blank, seed-paired "
@@ -90,8 +92,8 @@ def modality_table(runs: dict) -> str:
     for metric in METRICS:
       v = {m: by_seed(runs, stage, m, metric) for m in MODALITIES}
       lines.append(f"| {name} | {metric} | " + " | ".join(fmt_iv(stats.mean_ci(v[m])) for m in MODALITIES)
-                   + f" | {fmt_test(frontier.paired_test(v['image'], v['blank']))}"
-                   f" | {fmt_test(frontier.paired_test(v['image'], v['text']))} |")
+                   + f" | {fmt_test(stats.paired_test(v['image'], v['blank']))}"
+                   f" | {fmt_test(stats.paired_test(v['image'], v['text']))} |")
   return "\n".join(lines)
 
 
@@ -104,8 +106,8 @@ def per_task_table(runs: dict, stage: str = "after") -> str:
     v = {m: by_seed(runs, stage, m, "QR@3", task) for m in MODALITIES}
     sr = {m: by_seed(runs, stage, m, "SR@3", task) for m in ("image", "blank")}
     lines.append(f"| {task} | " + " | ".join(f"{stats.mean_ci(v[m]).mean:.3f}" for m in MODALITIES)
-                 + f" | {fmt_test(frontier.paired_test(v['image'], v['blank']))}"
-                 f" | {fmt_test(frontier.paired_test(sr['image'], sr['blank']))} |")
+                 + f" | {fmt_test(stats.paired_test(v['image'], v['blank']))}"
+                 f" | {fmt_test(stats.paired_test(sr['image'], sr['blank']))} |")
   return "\n".join(lines)
 
 
@@ -127,7 +129,7 @@ def perception_table(sweep: str) -> str:
     acc = {m: [r[m]["token_accuracy"] for r in rs] for m in ("image", "blank")}
     ex = {m: [r[m]["exact"] for r in rs] for m in ("image", "blank")}
     bound = [r["blind_bound"] for r in rs]
-    d = frontier.paired_test(dict(enumerate(acc["image"])), dict(enumerate(bound)))
+    d = stats.paired_test(dict(enumerate(acc["image"])), dict(enumerate(bound)))
     ci = lambda x: fmt_iv(stats.mean_ci(x)) if len(x) > 1 else f"{x[0]:.3f}"
     lines.append(f"| {task} | {ci(acc['image'])} | {ci(acc['blank'])} | {sum(bound) / len(rs):.3f} | {fmt_test(d)} | "
                  f"{sum(ex['image']) / len(rs):.3f} | {sum(ex['blank']) / len(rs):.3f} |")
@@ -142,13 +144,13 @@ def comparison(image_runs: dict, text_runs: dict | None, preset: str, baseline: 
     for metric in METRICS:
       a = by_seed(runs[preset], "after", modality, metric)
       b = by_seed(runs[baseline], "after", modality, metric)
-      rows.append((name, metric, stats.mean_ci(a), stats.mean_ci(b), frontier.paired_test(a, b)))
+      rows.append((name, metric, stats.mean_ci(a), stats.mean_ci(b), stats.paired_test(a, b)))
   if not rows:
     return f"(no runs of both {preset} and {baseline})"
   lines = [f"| prompts | metric | {preset} | {baseline} | {preset} - {baseline} (paired) | p | p (Holm, QR@3 pair) |",
            "|---|---|---|---|---|---|---|"]
   qr = [r for r in rows if r[1] == "QR@3"]
-  adj = dict(zip([r[0] for r in qr], frontier.holm([r[4]["p"] for r in qr])))
+  adj = dict(zip([r[0] for r in qr], stats.holm([r[4]["p"] for r in qr])))
   for name, metric, a, b, t in rows:
     holm = f"{adj[name]:.3g}" if metric == "QR@3" and not math.isnan(adj[name]) else ""
     lines.append(f"| {name} | {metric} | {fmt_iv(a)} | {fmt_iv(b)} | {fmt_test(t)} | {t['p']:.3g} | {holm} |")
@@ -202,8 +204,8 @@ def shuffled_table(sweep: str, preset: str) -> str:
     for metric in METRICS:
       v = {m: {s: r[m]["overall"][metric] for s, r in runs.items()} for m in ("image", "shuffled", "blank")}
       lines.append(f"| {name} | {metric} | " + " | ".join(fmt_iv(stats.mean_ci(v[m])) for m in v)
-                   + f" | {fmt_test(frontier.paired_test(v['image'], v['shuffled']))}"
-                   f" | {fmt_test(frontier.paired_test(v['shuffled'], v['blank']))} |")
+                   + f" | {fmt_test(stats.paired_test(v['image'], v['shuffled']))}"
+                   f" | {fmt_test(stats.paired_test(v['shuffled'], v['blank']))} |")
   return "\n".join(lines)
 
 
