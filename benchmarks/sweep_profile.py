@@ -133,9 +133,9 @@ def compare(new: dict, old: dict) -> tuple[int, float]:
 def time_points(run, state, reps: int) -> dict:
   """Best wall time of one point per design and path, designs and paths alternated in each
   round (the first round compiles); agreement of the two paths' metrics."""
-  from dmpo_jax.training import points, steps
+  from dmpo_jax.training import steps
   cfg = run.cfg
-  pts = points.Points(run, start_policy(run, state))
+  pts = run.points(start_policy(run, state))
   logprob = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
                                     shardings=(run.p_sh, run.data_sh, None))
   best = {(d, p): np.inf for d in DESIGNS for p in ("old", "new")}
@@ -179,8 +179,8 @@ def breakdown(run, state) -> dict:
   second of two passes (the first compiles); the memo starts empty in each."""
   from dmpo_jax.data import pipeline
   from dmpo_jax.tasks import scoring
-  from dmpo_jax.training import evaluation, points
-  pts = points.Points(run, start_policy(run, state))
+  from dmpo_jax.training import evaluation
+  pts = run.points(start_policy(run, state))
   pts.samples = DESIGNS["tier1"][0]
   plain = {"score": pipeline.score_groups, "collapse": evaluation.collapse_scores,
            "texts": run.encoder.texts}

@@ -79,6 +79,12 @@ def get_config(arg: str | None = None):
       zero_shot=False,      # also evaluate the initial policy, before SFT (eval_zero_shot.json)
       points=0,             # evaluation points along RL (training/points.py; configs/collapse.py)
       points_samples="",    # their samples per instance: "N" or "SET:N,..."; "": eval.samples
+      # reasoning-gym tasks never trained on, scored before and after RL beside the held-out
+      # evaluation (docs/GYM.md): "gym-countdown,gym-graph_color"; "": none
+      transfer="",
+      transfer_num_per_task=6, transfer_samples=4,  # held-out instances per task, samples each
+      transfer_max_prompt_len=0,   # 0: the longest transfer prompt (within the model's context)
+      transfer_max_new_tokens=0,   # 0: model.max_new_tokens
   ))
   c.checkpoint = config_dict.ConfigDict(dict(every=100, keep=2, export_hf=True))
   c.mesh = config_dict.ConfigDict(dict(data=-1, fsdp=1, tensor=1))

@@ -16,7 +16,7 @@ demonstration of docs/RESULTS.md: four tasks with several enumerated optima, SFT
 pass@k to k = 256 at T = 1.0; run it through the sweep runner so that the three presets share
 one SFT stage and one evaluation before RL):
 
-    python -m dmpo_jax.experiments.sweep --config=configs/smollm2_nphard.py:demo \
+    python -m studies.collapse_frontier.sweep --config=configs/smollm2_nphard.py:demo \
         --out=runs/smollm2_demo --presets=grpo,dmpo,dph_f --seeds=0
 
 The run: evaluation of the instruct model as it comes (eval_zero_shot.json), SFT in the
@@ -88,6 +88,9 @@ def get_config(arg: str | None = None):
   c.eval.update(num_per_task=3, samples=8, k=3, temperature=0.7, pass_ks=(1, 3, 8),
                 batch_prompts=10)
   c.eval.zero_shot = True
+  # Transfer tasks (reasoning-gym, docs/GYM.md), scored at each of the three evaluations: the
+  # pair is chosen by measurement (studies/gym_transfer); none until then.
+  c.eval.transfer = ""
   # Distinct optima and pass@k with correct = optimal: each instance's optima enumerated
   # (complete enumerations of 1..64 optima are kept, nearly every `tiny` instance; tasks
   # without enumeration report NaN there).

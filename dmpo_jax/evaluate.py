@@ -63,7 +63,7 @@ from ml_collections import config_dict
 from dmpo_jax.models import build as model_build
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
-from dmpo_jax.training import evaluation, report
+from dmpo_jax.training import evaluation, report, transfer
 from dmpo_jax.data import pipeline
 from dmpo_jax.data import images as multimodal
 from dmpo_jax import tasks as tasks_lib
@@ -80,7 +80,10 @@ flags.DEFINE_string("out", None, "output folder")
 flags.DEFINE_string("tasks", "all", "comma-separated task keys or 'all'")
 flags.DEFINE_list("gym", None, "reasoning-gym tasks to score (transfer evaluation; docs/GYM.md), e.g. "
                   "countdown,graph_color: held-out instances of each, with the task's default config, "
-                  "in place of the NP tasks unless --tasks is given too")
+                  "in place of the NP tasks unless --tasks is given too. Alone, it scores them as a "
+                  "training run's transfer tasks (training/transfer.py): eval.json adds \"transfer\" "
+                  "(mean score, full-score pass@k, distinct correct answers per task) and the prompt "
+                  "length is the longest gym prompt's unless --max_prompt_len is given")
 flags.DEFINE_string("level", None, "level (default: the workdir's, else easy)")
 flags.DEFINE_integer("num", 12, "instances per task")
 flags.DEFINE_string("npbench_file", None, "score an NP-Bench file (NP_Bench.json, JSON list or JSONL) "
@@ -323,11 +326,14 @@ def run(loaded: dict | None = None):
     ts = pipeline.TaskSet(keys, level, 0)
     items = ts.held_out(FLAGS.num, level)
     groups = {level: (items, [tasks_lib.get(k).reference_value(q) for k, q in items], {})}
+  # --gym alone: scored as a training run's transfer tasks are (training/transfer.py), with the
+  # full-score metrics; prompts sized to the longest gym prompt, not the workdir's NP prompts.
+  gym_only = bool(FLAGS.gym) and not FLAGS.npbench_file and not FLAGS["tasks"].present
   prompts = {i: t for _, _, p in groups.values() for i, t in p.items()}
   probe = FilePromptEncoder(tok, style, 10**9, chat, prompts)
   new_tokens = FLAGS.max_new_tokens or d.get("max_new_tokens", 1024)
   longest = prompt_lengths(probe, groups, new_tokens, nnx.merge(graphdef, params).cfg.max_position_embeddings)
-  plen = FLAGS.max_prompt_len or d.get("max_prompt_len") or longest
+  plen = FLAGS.max_prompt_len or (None if gym_only else d.get("max_prompt_len")) or longest
   if longest > plen:
     raise app.UsageError(f"the longest prompt has {longest} tokens > --max_prompt_len={plen}")
   encoder = FilePromptEncoder(tok, style, plen, chat, prompts)
@@ -340,7 +346,7 @@ def run(loaded: dict | None = None):
     return r.tokens, r.mask
   results = {}
   for lv, (items, gts, _) in groups.items():
-    results[lv] = evaluation.evaluate(
+    results[lv] = (transfer.score if gym_only else evaluation.evaluate)(
         sample_fn, encoder, items, samples=samples, k=FLAGS.k,
         pass_ks=tuple(sorted({1, FLAGS.k, samples})), rng=jax.random.key(FLAGS.seed),
         batch_prompts=FLAGS.batch_prompts, prompt_len=plen,
@@ -349,6 +355,8 @@ def run(loaded: dict | None = None):
   if proto is None:
     res = results[level]
     table = evaluation.format_table(res)
+    if gym_only:
+      table += "\n\nfull = a full score (a correct answer):\n" + transfer.format_table(res["transfer"])
     plots = {"eval.png": res}
   else:  # per level, as NP-Bench reports
     skipped = (loaded or {}).get("skipped", [])

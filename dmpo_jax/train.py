@@ -34,7 +34,7 @@ from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.parallel import sharding
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
-from dmpo_jax.training import points as eval_points
+from dmpo_jax.training import specs
 from dmpo_jax.data import instances
 from dmpo_jax.training.config import ConfigError, task_keys
 from dmpo_jax.training.run import TrainingError, objective_from_config
@@ -94,7 +94,7 @@ def check(cfg) -> None:
   what --dry_run runs before it writes instances.json."""
   config_lib.check_fields(cfg)  # before the objective and the mesh read the fields
   config_lib.check_config(cfg, objective_from_config(cfg), sharding.make_mesh(dict(cfg.mesh)))
-  eval_points.check_config(cfg)
+  specs.check_points(cfg)
 
 
 def main(argv, fv=FLAGS):

@@ -31,9 +31,8 @@ COLLAPSE = "configs/collapse.py:smoke,algo={}"
 CASES = {
     "grpo": (COLLAPSE.format("grpo"), ()),
     "dmpo": (COLLAPSE.format("dmpo"), ()),
-    "dph_f": (COLLAPSE.format("dph_f"), ()),                  # the DPH store
-    "dph_f_store": (COLLAPSE.format("dph_f"), ("--config.dph.correct=feasible",  # a store that
-                                               "--config.dph.pef_threshold=0.0")),  # holds rows
+    "dph_f": (COLLAPSE.format("dph_f"), ()),                  # the DPH stage (its store is
+                                                              # empty at smoke size)
     "rkl": (COLLAPSE.format("rkl"), ()),                      # KL to the reference policy
     "kl_cov": (COLLAPSE.format("kl_cov"), ()),
     "passk": (COLLAPSE.format("passk"), ()),

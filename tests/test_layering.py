@@ -138,6 +138,76 @@ def test_the_checks_can_fail(tmp_path):
   assert private == [("dmpo_jax.a", "dmpo_jax.b._secret")]
 
 
+# The stage layer (docs/ARCHITECTURE.md, "The stage layer"): the modules that read the config
+# and the run context. Below it a module takes the specs (training/specs.py) and the state it
+# uses. NOT_YET: modules below it that still read the config, to be converted (this list only
+# shrinks).
+STAGE_LAYER = {"dmpo_jax.train", "dmpo_jax.evaluate", "dmpo_jax.training.config",
+               "dmpo_jax.training.memory", "dmpo_jax.training.run", "dmpo_jax.training.stages",
+               "dmpo_jax.training.specs"}
+STAGE_PARTS = {"experiments"}
+NOT_YET = {"dmpo_jax.data.instances", "dmpo_jax.data.images", "dmpo_jax.data.pipeline",
+           "dmpo_jax.models.build"}
+
+
+def config_sections() -> set:
+  """The config's sections (its top-level blocks: rl, eval, ...), from the shipped configs."""
+  from tests.helpers import config_module
+  return {k for name in ("nphard", "collapse", "mm_nphard")
+          for k, v in config_module(name).get_config("smoke").items() if hasattr(v, "keys")}
+
+
+def config_reads(path: str, sections: set) -> list[str]:
+  """Where a module reads the config or takes a run: `cfg.<section>` / `config.<section>` (an
+  attribute, `.get("<section>")`, `["<section>"]`, `"<section>" in cfg`), any `run.cfg`, a
+  parameter named `run` or annotated `Run`."""
+  out = []
+  cfg = lambda n: isinstance(n, ast.Name) and n.id in ("cfg", "config")
+  for n in ast.walk(ast.parse(open(path).read())):
+    line = getattr(n, "lineno", 0)
+    if isinstance(n, ast.Attribute) and cfg(n.value) and n.attr in sections:
+      out.append(f"{line}: {n.value.id}.{n.attr}")
+    elif (isinstance(n, ast.Attribute) and n.attr == "cfg" and
+          (isinstance(n.value, ast.Name) and n.value.id == "run" or
+           isinstance(n.value, ast.Attribute) and n.value.attr == "run")):
+      out.append(f"{line}: run.cfg")
+    elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get"
+          and cfg(n.func.value) and n.args and isinstance(n.args[0], ast.Constant)
+          and n.args[0].value in sections):
+      out.append(f"{line}: {n.func.value.id}.get({n.args[0].value!r})")
+    elif (isinstance(n, ast.Subscript) and cfg(n.value) and isinstance(n.slice, ast.Constant)
+          and n.slice.value in sections):
+      out.append(f"{line}: {n.value.id}[{n.slice.value!r}]")
+    elif (isinstance(n, ast.Compare) and isinstance(n.left, ast.Constant) and n.left.value in sections
+          and any(isinstance(o, (ast.In, ast.NotIn)) for o in n.ops) and any(map(cfg, n.comparators))):
+      out.append(f"{line}: {n.left.value!r} in cfg")
+    elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+      for a in n.args.posonlyargs + n.args.args + n.args.kwonlyargs:
+        note = ast.unparse(a.annotation) if a.annotation is not None else ""
+        if a.arg == "run" or note.split(".")[-1].strip("'\"") == "Run":
+          out.append(f"{line}: takes a Run ({a.arg})")
+  return out
+
+
+def test_below_the_stage_layer_nothing_reads_the_config_or_a_run(tmp_path):
+  """No module below the stage layer reads a config section or takes a `Run`; the modules not
+  yet converted are listed (NOT_YET), and each listed one still needs its place there. The
+  check finds planted reads."""
+  sections = config_sections()
+  assert {"rl", "eval", "dph", "sft", "model", "perception"} <= sections and "seed" not in sections
+  found = {m: config_reads(p, sections) for m, p in modules().items()
+           if m not in STAGE_LAYER and part(m) not in STAGE_PARTS}
+  assert {m: r for m, r in found.items() if r and m not in NOT_YET} == {}
+  assert sorted(m for m in NOT_YET if not found.get(m)) == []  # converted: take it off the list
+  planted = tmp_path / "planted.py"
+  planted.write_text("def f(cfg, run: Run, spec):\n  n = cfg.rl.steps + run.cfg.eval.k\n"
+                     "  return cfg.get('dph'), config['sft'], 'perception' in cfg, spec.steps\n"
+                     "def g(run):\n  return self.run.cfg\n")
+  assert sorted(config_reads(str(planted), sections)) == sorted([
+      "1: takes a Run (run)", "2: cfg.rl", "2: run.cfg", "3: cfg.get('dph')", "3: config['sft']",
+      "3: 'perception' in cfg", "4: takes a Run (run)", "5: run.cfg"])
+
+
 def missing_names(paths) -> list[str]:
   """`from dmpo_jax.x import y` (anywhere in the files) where dmpo_jax.x has no `y` and no
   submodule `y`, and `import dmpo_jax.x` of a module that does not exist."""
@@ -168,3 +238,30 @@ def test_scripts_benchmarks_and_configs_import_what_exists(tmp_path):
   stale.write_text("from dmpo_jax.training import pipeline\nimport dmpo_jax.no_such_module\n")
   assert missing_names([str(stale)]) == [f"{os.path.relpath(str(stale), REPO)}: dmpo_jax.training.pipeline",
                                          f"{os.path.relpath(str(stale), REPO)}: dmpo_jax.no_such_module"]
+
+
+def study_imports(mods: dict) -> list[tuple[str, str]]:
+  """[(module, imported module)] where a module imports from the studies beside the library
+  (`studies`, `studies.<study>...`), anywhere in its file (imports inside functions included)."""
+  out = []
+  for name, path in sorted(mods.items()):
+    for node in ast.walk(ast.parse(open(path).read())):
+      if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "studies":
+        out.append((name, node.module))
+      elif isinstance(node, ast.Import):
+        out += [(name, a.name) for a in node.names if a.name.split(".")[0] == "studies"]
+  return out
+
+
+def test_the_library_imports_no_study(tmp_path):
+  """A study (studies/<name>/: its design, entry points, README) imports the library, never
+  the reverse: the runner takes a study's design as an argument. The check finds planted
+  imports, at the top and inside a function."""
+  assert study_imports(modules()) == []
+  planted = tmp_path / "planted.py"
+  planted.write_text("import os, studies.collapse_frontier.design\n"
+                     "def f():\n  from studies.collapse_frontier import design\n  from studies import x\n"
+                     "from studies_other import y\nfrom .studies import z\n")
+  assert study_imports({"dmpo_jax.planted": str(planted)}) == [
+      ("dmpo_jax.planted", "studies.collapse_frontier.design"), ("dmpo_jax.planted", "studies.collapse_frontier"),
+      ("dmpo_jax.planted", "studies")]

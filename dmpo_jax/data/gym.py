@@ -71,6 +71,9 @@ def reasoning_gym():
 class GymTask(domain_lib.Task):
   """One reasoning-gym dataset (name + config) as a Task; see the module docstring."""
   category, direction = CATEGORY, "max"
+  # The optimum without a search, a full score: the collapse metrics' "optimal" (pipeline.
+  # collapse_stats) is a full score; coverage, which needs every correct answer, is left out.
+  known_optimum = 1.0
   fields = {"question": (str,), "answer": (str,), "data": (dict,)}
 
   def __init__(self, name: str, key: str, config: dict, dataset, scorer: Scorer):

@@ -447,16 +447,21 @@ COLLAPSE_STATS = ("optimal_rate", "distinct_optimal", "coverage", "entropy_optim
 def collapse_stats(collapse: Collapse, key: str, q: dict, texts, verdicts, compat: str) -> dict:
   """One group's collapse metrics (`diversity.group_metrics`) from strict verdicts (the
   verdicts are re-verified strictly when the rewards use other rules), and which samples
-  are optimal ("optimal" [G]). NaN metrics for a task without enumeration."""
-  opt = collapse.optima(key, q)
-  if opt is None:
-    return {**dict.fromkeys(COLLAPSE_STATS, np.nan), "optimal": np.zeros(len(texts), bool)}
+  are optimal ("optimal" [G]).
+  A task without enumeration whose optimum is known without a search (`known_optimum`: a
+  reasoning-gym task's full score, 1) has every metric but coverage, which needs the set of
+  every optimum: its coverage is NaN here and `evaluation.collapse_scores` leaves it out. Any
+  other task without enumeration: NaN metrics, no sample optimal."""
   task = tasks_lib.get(key)
+  opt = collapse.optima(key, q)
+  optimum = opt.value if opt is not None else getattr(task, "known_optimum", None)
+  if opt is None and optimum is None:
+    return {**dict.fromkeys(COLLAPSE_STATS, np.nan), "optimal": np.zeros(len(texts), bool)}
   if compat != "strict":
     verdicts = scoring.VERDICTS.verify_group(task, q, texts, "strict")  # memoised, exact
   sols = [v.solution if v.feasible else None for v in verdicts]
   values = [v.value if v.feasible else None for v in verdicts]
-  m = diversity.group_metrics(sols, values, opt.value, opt.solutions)
-  out = {k: float(m[k]) for k in COLLAPSE_STATS}
-  out["optimal"] = diversity.optimal_mask(values, opt.value) & np.asarray([s is not None for s in sols])
+  m = diversity.group_metrics(sols, values, optimum, None if opt is None else opt.solutions)
+  out = {k: float(m.get(k, np.nan)) for k in COLLAPSE_STATS}
+  out["optimal"] = diversity.optimal_mask(values, optimum) & np.asarray([s is not None for s in sols])
   return out

@@ -101,7 +101,14 @@ def batch_rows(mesh: Mesh) -> int:
 
 def init_opt_state(opt, params, param_sharding, mesh: Mesh):
   """Optimizer state placed like the params it mirrors (AdamW mu and nu are FSDP-sharded with
-  their params); non-parameter leaves (step counts) are replicated. Returns (state, shardings).
+  their params); non-parameter leaves (step counts) are replicated. Returns (state, shardings)
+  (`opt_state_shardings`)."""
+  shardings = opt_state_shardings(opt, params, param_sharding, mesh)
+  return jax.jit(opt.init, out_shardings=shardings)(params), shardings
+
+
+def opt_state_shardings(opt, params, param_sharding, mesh: Mesh):
+  """The shardings of `opt`'s state of `params` (placed by `param_sharding`), without making it.
 
   A state leaf mirrors the param whose key path is the longest tail of its own with the same
   shape (mu's path is (..., "mu", *param_path)); this holds for chains, `optax.masked` and
@@ -118,5 +125,4 @@ def init_opt_state(opt, params, param_sharding, mesh: Mesh):
         return s
     return replicated(mesh)
 
-  shardings = jax.tree_util.tree_map_with_path(placement, abstract)
-  return jax.jit(opt.init, out_shardings=shardings)(params), shardings
+  return jax.tree_util.tree_map_with_path(placement, abstract)

@@ -149,15 +149,19 @@ def problem_scores(ratios: Sequence[float], feasible: Sequence[bool], k: int = 3
 def aggregate(per_problem: Sequence[dict], categories: Sequence[str]) -> dict:
   """Per-category means and the overall mean of category means.
 
-  per_problem: dicts of scores (same keys); categories: the category of each.
+  per_problem: dicts of scores; categories: the category of each.
   Returns {"categories": {cat: {metric: mean}}, "overall": {metric: mean of cat means}}.
+  A metric some problems lack (coverage, for a task without an enumeration of its optima) is
+  left out of every mean over them, never averaged over the rest: a category's mean has the
+  metrics all its problems have, the overall mean those all categories have.
   """
   if len(per_problem) != len(categories):
     raise ValueError("aggregate: one category per problem")
   by_cat: dict[str, list[dict]] = collections.defaultdict(list)
   for s, c in zip(per_problem, categories):
     by_cat[c].append(s)
-  cat_means = {c: {m: float(np.mean([s[m] for s in rows])) for m in rows[0]}
+  cat_means = {c: {m: float(np.mean([s[m] for s in rows])) for m in rows[0]
+                   if all(m in s for s in rows)}
                for c, rows in by_cat.items()}
   metrics = set.intersection(*(set(v) for v in cat_means.values())) if cat_means else set()
   overall = {m: float(np.mean([v[m] for v in cat_means.values()])) for m in sorted(metrics)}

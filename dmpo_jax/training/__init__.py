@@ -13,6 +13,7 @@ dph.py         DPH-RL pre-sampling, its store, and the step's instances
 run.py         the run context (`Run`: config, objective, shardings, optimizers, data, outputs),
                `setup`
 stages.py      `train(cfg, workdir)`: SFT, evaluation, DPH pre-sampling, RL, evaluation, results
+specs.py       the config compiled once at setup: the typed specs the modules below read
 config.py      the config schema, check_config, the resume contract, config files by path
 memory.py      the memory estimate check_config refuses absurd sizes by (through parallel/plan.py)
 evaluation.py  SR/QR, pass@k and diversity on held-out instances; points.py along RL

@@ -34,6 +34,7 @@ from dmpo_jax.models.config import LORA_INITS, LORA_TARGETS
 from dmpo_jax.objectives import presets
 from dmpo_jax.parallel import sharding
 from dmpo_jax.training import memory
+from dmpo_jax.training import transfer
 
 
 class ConfigError(ValueError):
@@ -157,6 +158,12 @@ SCHEMA: dict[str, Spec] = {
     "eval.temperature": Float(0), "eval.pass_ks": Ints(1), "eval.batch_prompts": Int(1),
     "eval.modalities": Strs(multimodal.CONTROLS, optional=True),
     "eval.zero_shot": Bool(),  # also evaluate the initial policy (before SFT)
+    # reasoning-gym tasks scored on held-out instances beside the held-out evaluation, never
+    # trained on (training/transfer.py, docs/GYM.md): instances and samples per task, prompt
+    # length (0: the longest prompt) and completion length (0: model.max_new_tokens)
+    "eval.transfer": Spec((str,), transfer.Allowed(), lambda v: not transfer.unknown(v)),
+    "eval.transfer_num_per_task": Int(1), "eval.transfer_samples": Int(1),
+    "eval.transfer_max_prompt_len": Int(0), "eval.transfer_max_new_tokens": Int(0),
     # configs/mm_nphard.py: the perception stage of an image policy (training/perception.py)
     "perception.steps": Int(0, optional=True), "perception.lr": Float(0, optional=True),
     "perception.warmup": Int(0, optional=True), "perception.max_new_tokens": Int(1, optional=True),
@@ -306,6 +313,9 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
   check_fields(cfg)
   keys = check_tasks(cfg)
   check_perception(cfg, keys)
+  why = transfer.config_error(cfg.eval.transfer, keys, cfg.prompt_style)
+  if why:
+    raise ConfigError(why)
   m = cfg.model
   if m.num_heads % m.num_kv_heads:
     raise ConfigError(f"config.model.num_kv_heads={m.num_kv_heads} must divide "
@@ -380,6 +390,22 @@ def saved_config(workdir: str) -> dict | None:
   return saved
 
 
+def transcript_targets(workdir: str) -> tuple:
+  """(encoder, held-out instances, transcript length) of the image policy of the workdir's
+  config.json, without building the model: what `perception.bounds` scores (for a
+  perception.json written before the bound was; `perception.with_bounds`)."""
+  from ml_collections import config_dict
+  from dmpo_jax.data import instances
+  from dmpo_jax.models import build
+  saved = saved_config(workdir)
+  if saved is None:
+    raise FileNotFoundError(f"{workdir} has no config.json to compute the blind bounds from")
+  cfg = config_dict.ConfigDict(saved)
+  _, processor = build.vlm_config(cfg)
+  items = instances.taskset_from_config(cfg, task_keys(cfg)).held_out(cfg.eval.num_per_task)
+  return multimodal.make_encoder(cfg, processor), items, int(cfg.perception.max_new_tokens)
+
+
 def config_json(cfg) -> dict:
   """The config as config.json holds it (JSON types: tuples become lists)."""
   return json.loads(cfg.to_json_best_effort())
@@ -387,7 +413,9 @@ def config_json(cfg) -> dict:
 
 # Fields declared after runs were saved without them, with the value their absence meant: a
 # workdir whose config.json lacks one resumes unchanged when the config has that value.
-ADDED_FIELDS = {"eval.zero_shot": False, "eval.points": 0, "eval.points_samples": ""}
+ADDED_FIELDS = {"eval.zero_shot": False, "eval.points": 0, "eval.points_samples": "",
+                "eval.transfer": "", "eval.transfer_num_per_task": 6, "eval.transfer_samples": 4,
+                "eval.transfer_max_prompt_len": 0, "eval.transfer_max_new_tokens": 0}
 
 
 def config_changes(saved: dict, cfg) -> dict:

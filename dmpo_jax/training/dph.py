@@ -22,6 +22,7 @@ cache) for the rows of each step.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax.numpy as jnp
@@ -44,15 +45,29 @@ def stream_items(taskset, flat: list[int], per_step: int) -> list:
   return [steps[f // per_step][f % per_step] for f in flat]
 
 
-def presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, state, reward_cfg,
-              images=None):
+@dataclasses.dataclass(frozen=True)
+class DPHSpec:
+  """The pre-sampling stage's settings (config.dph; compiled by training/specs.py)."""
+  num_prompts: int        # prompts pre-sampled: the RL stream's first (or the pool's)
+  samples: int            # k: samples per prompt
+  pef_threshold: float    # D_pef: solved in at least this share of the k samples
+  correct: str            # what counts as solved: "feasible" or "optimal" (ratio >= 1)
+  prompts_per_step: int   # the RL stream's prompts per step (its flat indices)
+  prompt_len: int         # config.model.max_prompt_len
+  completion_len: int     # config.model.max_new_tokens
+  chunk: int              # prompts per sampler call (the stage layer: config.eval.batch_prompts)
+  batch: int = 0          # stored responses per RL step (`batch_part`'s n)
+
+
+def presample(spec: DPHSpec, workdir, taskset, encoder, sampler, logprob_eval, params, state,
+              reward_cfg, images=None):
   """The store (read from workdir if a previous run wrote it): the pef_* arrays, pef_index (the
   flat stream index of each stored response's prompt) and exp_index (pre-sampled, not D_pef).
 
   images: for image prompts, images(items, prompt_tokens [Bp, P], prompt_mask) -> the prompts'
   `qwen2_5_vl.prompt_images` arrays (host); the sampler and logprob_eval get them."""
   path = os.path.join(workdir, STORE)
-  prompt_len, completion_len, k = cfg.model.max_prompt_len, cfg.model.max_new_tokens, cfg.dph.samples
+  prompt_len, completion_len, k = spec.prompt_len, spec.completion_len, spec.samples
   if dist.agree(os.path.exists(path)):
     z = np.load(path)
     version = int(z["version"]) if "version" in z else 1
@@ -62,11 +77,11 @@ def presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, sta
     return {k: z[k] for k in ("pef_tokens", "pef_prompt_mask", "pef_mask", "pef_logprobs",
                               "pef_index", "exp_index")}
   if taskset.pool:
-    items = taskset.pool_items()[:cfg.dph.num_prompts]
+    items = taskset.pool_items()[:spec.num_prompts]
   else:
-    items = stream_items(taskset, list(range(cfg.dph.num_prompts)), cfg.rl.prompts_per_step)
+    items = stream_items(taskset, list(range(spec.num_prompts)), spec.prompts_per_step)
   pef_tok, pef_pm, pef_m, pef_lp, pef_index, exp_index = [], [], [], [], [], []
-  chunk = cfg.eval.batch_prompts
+  chunk = spec.chunk
   for c0 in range(0, len(items), chunk):
     part = items[c0:c0 + chunk]
     real = len(part)
@@ -84,11 +99,11 @@ def presample(cfg, workdir, taskset, encoder, sampler, logprob_eval, params, sta
     tokens, mask = dist.to_host(tokens), dist.to_host(mask)
     texts = encoder.texts(tokens, mask)
     _, stats = pipeline.score_groups(part[:real], texts[:real * k], k, reward_cfg)
-    ok = stats["feasible"] if cfg.dph.correct == "feasible" else stats["ratio"] >= 1.0
+    ok = stats["feasible"] if spec.correct == "feasible" else stats["ratio"] >= 1.0
     for i in range(real):
       # D_pef: the initial policy solves the prompt in at least pef_threshold of its k samples
       # (DPH-RL: all of them, 1.0); its correct responses are stored.
-      if ok[i].any() and ok[i].mean() >= cfg.dph.pef_threshold:
+      if ok[i].any() and ok[i].mean() >= spec.pef_threshold:
         for j in range(k):
           if not ok[i, j]:
             continue

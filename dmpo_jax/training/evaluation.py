@@ -11,6 +11,7 @@ Each instance gets ``samples`` completions at ``temperature`` (NP-Bench: 3 at
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -46,7 +47,8 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
   (NP-Bench's evaluation: feasible with a quality ratio above 0, so a feasible answer of
   value 0 on a maximisation task is a failure).
   collapse: also the collapse metrics of each problem's samples against its enumerated
-  optima (strict verdicts; `collapse_scores`); NaN for tasks without enumeration.
+  optima (strict verdicts; `collapse_scores`): a reasoning-gym task's against its full
+  score, without coverage; NaN for other tasks without enumeration.
   images: for a vision-language policy, images(items, prompt_tokens, prompt_mask) -> the
   chunk's image inputs, passed to sample_fn as a fourth argument."""
   if success not in SUCCESS:
@@ -115,36 +117,62 @@ def _launch(sample_fn, encoder, items, c0: int, batch_prompts: int, prompt_len: 
   return sample_fn(pt, pm, key, *extra)
 
 
-def held_out(run, name: str, state) -> dict:
-  """eval_{name}.json of a run (training/run.py's `Run`): its held-out instances sampled at
-  config.eval's settings, every modality for an image policy (a finished evaluation is read
-  back, not redone)."""
-  path = os.path.join(run.workdir, f"eval_{name}.json")
-  if dist.agree(os.path.exists(path)):  # every process takes the same branch
-    res, why = report.read_result(path, EVAL_KEYS)
-    if res is not None:
-      return res
-    print(f"warning: {path} is damaged ({why}); evaluating again", flush=True)
-  cfg = run.cfg
-  if run.held_out is None:  # one sampler (one compilation) and one instance set for both
-    items = run.taskset.held_out(cfg.eval.num_per_task)
-    run.held_out = (run.sampler(run.sampling_config(cfg.eval.samples, cfg.eval.temperature)),
-                    items, [domain.get(k).reference_value(q) for k, q in items])
-  sampler, items, ground_truths = run.held_out
-  one = lambda encoder, prompt_len, images: evaluate(
-      lambda pt, pm, rng, *im: sampler(state.params, pt, pm, rng, *im)[:2], encoder, items,
-      samples=cfg.eval.samples, k=cfg.eval.k, pass_ks=tuple(cfg.eval.pass_ks),
-      rng=state.eval_key(), batch_prompts=cfg.eval.batch_prompts, prompt_len=prompt_len,
-      reward_cfg=run.reward_cfg, ground_truths=ground_truths, progress=cfg.log.progress,
-      collapse=run.taskset.collapse, images=images)
-  if run.vl_cfg is None:
-    res = one(run.encoder, run.prompt_len, None)
-  else:  # every modality on the same instances; the first one is the run's result
-    res = multimodal.evaluate_modalities(one, run.encoder, items, cfg.eval.get(
-        "modalities", multimodal.default_modalities(run.encoder)), run.images, run.prompt_len)
-  if dist.is_main():
-    report.write_json(res, path)
-  return res
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+  """The held-out evaluation's settings (config.eval; compiled by training/specs.py)."""
+  samples: int                   # completions per instance
+  temperature: float             # their sampling temperature
+  k: int = 3                     # SR@k and QR@k use the first k samples
+  pass_ks: tuple[int, ...] = (1, 3)
+  batch_prompts: int = 8         # instances per sampler call (one shape: one compilation)
+  num_per_task: int = 1          # held-out instances per task
+  progress: bool = False         # a progress bar over the chunks
+  modalities: tuple[str, ...] | None = None  # an image policy's (None: the encoder's default)
+
+
+class HeldOut:
+  """A run's held-out evaluations, eval_{name}.json in `workdir`: the held-out instances of
+  `taskset` sampled at `spec`'s settings, every modality for an image policy (a finished
+  evaluation is read back, not redone). One sampler (one compilation; `make_sampler()`, called
+  when first needed) and one instance set serve every evaluation of the run.
+  images: an image policy's images(items, prompt_tokens, prompt_mask, encoder) (None: text)."""
+
+  def __init__(self, spec: EvalSpec, workdir: str, taskset: pipeline.TaskSet,
+               encoder: pipeline.PromptEncoder, prompt_len: int, reward_cfg, make_sampler,
+               images=None):
+    self.spec, self.workdir, self.taskset, self.encoder = spec, workdir, taskset, encoder
+    self.prompt_len, self.reward_cfg, self.images = prompt_len, reward_cfg, images
+    self.make_sampler, self.made = make_sampler, None
+
+  def __call__(self, name: str, params, rng) -> dict:
+    """eval_{name}.json of the policy `params`, sampled from `rng`."""
+    path = os.path.join(self.workdir, f"eval_{name}.json")
+    if dist.agree(os.path.exists(path)):  # every process takes the same branch
+      res, why = report.read_result(path, EVAL_KEYS)
+      if res is not None:
+        return res
+      print(f"warning: {path} is damaged ({why}); evaluating again", flush=True)
+    spec = self.spec
+    if self.made is None:  # one sampler (one compilation) and one instance set for all
+      items = self.taskset.held_out(spec.num_per_task)
+      self.made = (self.make_sampler(), items, [domain.get(k).reference_value(q) for k, q in items])
+    sampler, items, ground_truths = self.made
+    one = lambda encoder, prompt_len, images: evaluate(
+        lambda pt, pm, rng, *im: sampler(params, pt, pm, rng, *im)[:2], encoder, items,
+        samples=spec.samples, k=spec.k, pass_ks=spec.pass_ks, rng=rng,
+        batch_prompts=spec.batch_prompts, prompt_len=prompt_len, reward_cfg=self.reward_cfg,
+        ground_truths=ground_truths, progress=spec.progress, collapse=self.taskset.collapse,
+        images=images)
+    if self.images is None:
+      res = one(self.encoder, self.prompt_len, None)
+    else:  # every modality on the same instances; the first one is the run's result
+      modalities = (spec.modalities if spec.modalities is not None
+                    else multimodal.default_modalities(self.encoder))
+      res = multimodal.evaluate_modalities(one, self.encoder, items, modalities, self.images,
+                                           self.prompt_len)
+    if dist.is_main():
+      report.write_json(res, path)
+    return res
 
 
 def collapse_scores(stats: dict, i: int, key: str, pass_ks) -> dict:
@@ -153,9 +181,13 @@ def collapse_scores(stats: dict, i: int, key: str, pass_ks) -> dict:
   = feasible (`pass_feasible@k`, by the reward's verification rules, whatever SR counts),
   and `best_qr@k`, the unbiased expected best quality ratio of k samples
   (`diversity.max_at_k`), k in pass_ks."""
-  out = {k: float(stats[k][i]) for k in pipeline.COLLAPSE_STATS}
+  # Coverage needs the set of every optimum: a task without enumeration (a reasoning-gym
+  # task, meeting-schedule) has none, so the metric is left out (not NaN); a category or
+  # overall mean has it only when every task under it does (`scoring.aggregate`).
+  out = {k: float(stats[k][i]) for k in pipeline.COLLAPSE_STATS
+         if k != "coverage" or domain.get(key).has_optima}
   ks = tuple(k for k in pass_ks if k <= stats["feasible"].shape[1])
-  supported = domain.get(key).has_optima
+  supported = not np.isnan(stats["optimal_rate"][i])  # enumerated, or a known optimum
   opt = diversity.pass_at_k_curve(stats["optimal"][i][None], ks) if supported else [np.nan] * len(ks)
   feas = diversity.pass_at_k_curve(stats["feasible"][i][None], ks)
   for k, o, f in zip(ks, opt, feas):

@@ -150,16 +150,24 @@ def device_limit(mesh) -> tuple[int, str] | None:
   return (int(limit), f"the {local[0].device_kind}'s memory_stats bytes_limit") if limit else None
 
 
+def micro_batches(cfg, obj: presets.ObjectiveConfig, mesh) -> int:
+  """The RL update's micro-batches: config.rl.micro_batches, or with 0 (auto)
+  `steps.auto_micro_batches` of the objective, the step's prompts and the mesh's batch rows."""
+  from dmpo_jax.parallel import sharding
+  from dmpo_jax.training import steps
+  return cfg.rl.micro_batches or steps.auto_micro_batches(obj, cfg.rl.prompts_per_step,
+                                                          sharding.batch_rows(mesh))
+
+
 def estimate(cfg, obj: presets.ObjectiveConfig, mesh, samples: int) -> list[tuple[Phase, dict]]:
   """[(phase, its plan)] of every stage of `cfg` on `mesh` (bytes per device); samples: the
   most samples per instance of an evaluation."""
-  from dmpo_jax.training import steps
   backend = {"cpu": "cpu", "tpu": "tpu"}.get(mesh.devices.flat[0].platform, "gpu")
   model = model_config(cfg)
   shape = {a: int(n) for a, n in mesh.shape.items()}
   try:
     return [(p, plan.plan(model, shape, p.work))
-            for p in phases(cfg, obj, steps.micro_batches(cfg, obj, mesh), backend, samples)]
+            for p in phases(cfg, obj, micro_batches(cfg, obj, mesh), backend, samples)]
   except ValueError as e:  # the one workload a model cannot take: an image patch budget
     raise ValueError(f"config.image.patch_budget: {e}") from None
 

@@ -3,9 +3,9 @@ policy learns to write each instance's transcript (data/transcripts.py: the edge
 item table, the matrix) from the instance's image. It is a dense signal for the vision tower,
 as in the alignment stage that vision-language recipes start with.
 
-The stage is the first `config.perception.steps` steps of the SFT stage: the same jitted SFT
+The stage is the first `PerceptionSpec.steps` (config.perception.steps) steps of the SFT stage: the same jitted SFT
 step, checkpoints and data positions (so a resume inside it is exact), its own learning rate
-(`steps.make_optimizer`'s lead) and completion length. At its end `evaluate` writes
+(`steps.make_optimizer`'s lead, `PerceptionSpec.lead`) and completion length. At its end `evaluate` writes
 perception.json: per task, on the held-out instances, the greedy transcription's token
 accuracy and the share read back exactly, from the image and from a blank image, beside
 `blind_bound`: the best score of a transcription that ignores the image.
@@ -13,6 +13,7 @@ accuracy and the share read back exactly, from the image and from a blank image,
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -28,27 +29,34 @@ FILE = "perception.json"
 KEYS = ("per_task", "overall", "steps")
 
 
-def steps(cfg) -> int:
-  """The stage's steps: config.perception.steps, 0 when the config has no perception block."""
-  return int(cfg.perception.steps) if "perception" in cfg else 0
+@dataclasses.dataclass(frozen=True)
+class PerceptionSpec:
+  """The perception stage's settings (config.perception; compiled by training/specs.py). A
+  config without the block has steps = 0: no stage."""
+  steps: int = 0            # the first `steps` SFT steps transcribe images
+  lr: float = 0.0           # their learning rate (peak) and warmup
+  warmup: int = 0
+  max_new_tokens: int = 0   # a transcript's length (its completions)
+  batch_size: int = 0       # instances per step (config.sft.batch_size)
+  num_per_task: int = 1     # held-out instances per task, the evaluation's
+  batch_prompts: int = 8    # instances per sampler call
+
+  @property
+  def lead(self):
+    """make_optimizer's `lead` for the SFT optimizer: (steps, lr, warmup), or None."""
+    return (self.steps, self.lr, self.warmup) if self.steps else None
 
 
-def lead(cfg):
-  """make_optimizer's `lead` for the SFT optimizer: (steps, lr, warmup), or None."""
-  n = steps(cfg)
-  return (n, float(cfg.perception.lr), int(cfg.perception.warmup)) if n else None
-
-
-def batch(run, step: int) -> dict:
-  """config.sft.batch_size instances of the SFT stream at `step`, each prompted with its image
-  and its task's word; the target is its transcript (host arrays, as `stages.sft_batch`)."""
-  cfg, enc = run.cfg, run.encoder
-  length = int(cfg.perception.max_new_tokens)
-  items = run.taskset.train("sft", step, cfg.sft.batch_size)
-  pt, pm = sampling.pad_prompts([enc.perception_ids(k, q) for k, q in items], run.prompt_len, enc.pad)
+def batch(spec: PerceptionSpec, taskset, encoder, prompt_len: int, images, step: int) -> dict:
+  """spec.batch_size instances of the SFT stream at `step`, each prompted with its image and its
+  task's word; the target is its transcript (host arrays, as `stages.sft_batch`).
+  images(items, prompt_tokens, prompt_mask): their image inputs."""
+  enc, length = encoder, spec.max_new_tokens
+  items = taskset.train("sft", step, spec.batch_size)
+  pt, pm = sampling.pad_prompts([enc.perception_ids(k, q) for k, q in items], prompt_len, enc.pad)
   at, am = pipeline.pad_right([enc.transcript_ids(k, q, length) for k, q in items], length, enc.pad)
   seqs = {"tokens": np.concatenate([pt, at], 1), "prompt_mask": pm,
-          "images": run.images(items, pt, pm)}
+          "images": images(items, pt, pm)}
   return {"seqs": seqs, "mask": am}
 
 
@@ -92,55 +100,39 @@ def bounds(encoder, items, length: int) -> dict:
   return {"overall": float(overall), "per_task": per_task}
 
 
-def bounds_of_config(cfg) -> dict:
-  """`bounds` on the held-out instances of a run's config (for a perception.json written
-  before the bound was), without building the model."""
-  from dmpo_jax.data import images, instances
-  from dmpo_jax.models import build
-  from dmpo_jax.training import config as config_lib
-  _, processor = build.vlm_config(cfg)
-  taskset = instances.taskset_from_config(cfg, config_lib.task_keys(cfg))
-  items = taskset.held_out(cfg.eval.num_per_task)
-  return bounds(images.make_encoder(cfg, processor), items, int(cfg.perception.max_new_tokens))
-
-
 def with_bounds(res: dict, workdir: str) -> dict:
   """A perception.json's result with its `blind_bound`s, computed from the workdir's
-  config.json when the file predates them."""
+  config.json when the file predates them (`config.transcript_targets`)."""
   if "blind_bound" not in res["overall"]:
-    from ml_collections import config_dict
-    from dmpo_jax.training import config as config_lib
-    saved = config_lib.saved_config(workdir)
-    if saved is None:
-      raise FileNotFoundError(f"{workdir} has no config.json to compute the blind bounds from")
-    b = bounds_of_config(config_dict.ConfigDict(saved))
+    from dmpo_jax.training import config as config_lib  # the stage layer reads the config
+    b = bounds(*config_lib.transcript_targets(workdir))
     res["overall"]["blind_bound"] = b["overall"]
     for key, v in b["per_task"].items():
       res["per_task"][key]["blind_bound"] = v
   return res
 
 
-def greedy_sampler(run):
-  """The run's jitted greedy sampler at config.perception.max_new_tokens (made once, used for
-  the image and the blank prompts alike: same ids, same shapes)."""
-  enc = run.encoder
-  return run.sampler(sampling.SamplingConfig(
-      max_new_tokens=int(run.cfg.perception.max_new_tokens), greedy=True, eos_id=enc.eos,
-      stop_ids=enc.stop_ids, pad_id=enc.pad))
+def greedy_config(spec: PerceptionSpec, encoder) -> sampling.SamplingConfig:
+  """The greedy sampling of transcriptions, at spec.max_new_tokens (one sampler serves the
+  image and the blank prompts alike: same ids, same shapes)."""
+  return sampling.SamplingConfig(max_new_tokens=spec.max_new_tokens, greedy=True,
+                                 eos_id=encoder.eos, stop_ids=encoder.stop_ids, pad_id=encoder.pad)
 
 
-def transcribe(run, sampler, params, encoder, items, rng) -> list[tuple[list[int], str]]:
-  """Greedy transcriptions of [(task key, instance)] from `encoder`'s prompts (`sampler`:
-  `greedy_sampler`): (ids up to and with the end token, text before it)."""
-  bp = run.cfg.eval.batch_prompts
+def transcribe(sampler, params, encoder, items, rng, *, batch_prompts: int, prompt_len: int,
+               images) -> list[tuple[list[int], str]]:
+  """Greedy transcriptions of [(task key, instance)] from `encoder`'s prompts (`sampler`: of
+  `greedy_config`; images(items, prompt_tokens, prompt_mask, encoder) their image inputs):
+  (ids up to and with the end token, text before it)."""
+  bp = batch_prompts
   out = []
   for c0 in range(0, len(items), bp):
     chunk = items[c0:c0 + bp]
     padded = chunk + [chunk[-1]] * (bp - len(chunk))  # one shape: one compilation
     pt, pm = sampling.pad_prompts([encoder.perception_ids(k, q) for k, q in padded],
-                                  run.prompt_len, encoder.pad)
-    images = run.images(padded, pt, pm, encoder)
-    tokens, mask, _ = sampler(params, pt, pm, jax.random.fold_in(rng, c0), images)
+                                  prompt_len, encoder.pad)
+    inputs = images(padded, pt, pm, encoder)
+    tokens, mask, _ = sampler(params, pt, pm, jax.random.fold_in(rng, c0), inputs)
     tokens, mask = dist.to_host(tokens), dist.to_host(mask)
     for row, m in list(zip(tokens, mask))[:len(chunk)]:
       ids = [int(t) for t, v in zip(row, m) if v]
@@ -149,27 +141,29 @@ def transcribe(run, sampler, params, encoder, items, rng) -> list[tuple[list[int
   return out
 
 
-def evaluate(run, state) -> dict:
-  """perception.json: per task and overall, token accuracy and exact read-back of greedy
-  transcriptions of the held-out instances, from their images ("image") and from blank
-  ones ("blank", the control). A finished file is read back, not redone."""
-  path = os.path.join(run.workdir, FILE)
+def evaluate(spec: PerceptionSpec, workdir: str, taskset, encoder, params, rng, *,
+             prompt_len: int, make_sampler, images) -> dict:
+  """perception.json in `workdir`: per task and overall, token accuracy and exact read-back of
+  greedy transcriptions (of `params`, from `rng`) of the held-out instances, from their images
+  ("image") and from blank ones ("blank", the control). A finished file is read back, not
+  redone. make_sampler(SamplingConfig) -> the run's jitted sampler; images as `transcribe`'s."""
+  path = os.path.join(workdir, FILE)
   if dist.agree(os.path.exists(path)):
     res, why = report.read_result(path, KEYS)
     if res is not None:
       return res
     print(f"warning: {path} is damaged ({why}); evaluating again", flush=True)
-  cfg = run.cfg
-  items = run.taskset.held_out(cfg.eval.num_per_task)
-  length = int(cfg.perception.max_new_tokens)
-  res = {"steps": steps(cfg), "per_task": {}, "overall": {}}
-  bound = bounds(run.encoder, items, length)
+  items = taskset.held_out(spec.num_per_task)
+  length = spec.max_new_tokens
+  res = {"steps": spec.steps, "per_task": {}, "overall": {}}
+  bound = bounds(encoder, items, length)
   res["overall"]["blind_bound"] = bound["overall"]
   for key, b in bound["per_task"].items():
     res["per_task"][key] = {"blind_bound": b}
-  sampler = greedy_sampler(run)
-  for name, enc in (("image", run.encoder), ("blank", run.encoder.blank_control())):
-    got = transcribe(run, sampler, state.params, enc, items, jax.random.fold_in(state.eval_key(), 17))
+  sampler = make_sampler(greedy_config(spec, encoder))
+  for name, enc in (("image", encoder), ("blank", encoder.blank_control())):
+    got = transcribe(sampler, params, enc, items, jax.random.fold_in(rng, 17),
+                     batch_prompts=spec.batch_prompts, prompt_len=prompt_len, images=images)
     rows = {}
     for (key, q), (ids, text) in zip(items, got):
       acc, exact = score(key, q, enc.transcript_ids(key, q, length), ids, text)

@@ -1,6 +1,6 @@
 """Evaluation points along RL: the curve each run traces, and its KL to the start policy.
 
-At config.eval.points evenly spaced RL steps (4: start, 1/3, 2/3, end), the policy is
+At `PointsSpec.n` (config.eval.points) evenly spaced RL steps (4: start, 1/3, 2/3, end), the policy is
 sampled at the RL temperature (config.rl.temperature, so that the curves and the KL
 describe the policy RL trains) on each instance set, A, B and C with splits
 (`splits.py`), else the pool or the held-out set, and DIR/points/rl<step>.json holds,
@@ -30,7 +30,9 @@ docs/PERFORMANCE.md, issue 38: about 4x faster than that forward run for each po
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -136,39 +138,65 @@ def parse_samples(value, names) -> dict:
   return {n: int(value.get(n, 0)) for n in names}
 
 
-def check_config(cfg) -> None:
-  """config.eval.points (>= 0) and eval.points_samples (its sets), checked before anything is
-  built rather than when RL reaches the first point."""
-  n = cfg.eval.points
+@dataclasses.dataclass(frozen=True)
+class PointsSpec:
+  """The evaluation points' settings (config.eval.points ...; compiled by training/specs.py)."""
+  n: int                  # points along RL (0: none)
+  rl_steps: int           # RL's steps, over which the points are spread
+  rl_start: int           # the global step RL starts at (config.sft.steps)
+  samples: Any            # per instance: N, "N", "SET:N,..." or {set: N} (`parse_samples`)
+  temperature: float      # the RL sampling temperature (the policy RL trains)
+  top_p: float = 1.0
+  k: int = 3              # SR@k / QR@k (at most a set's samples)
+  pass_ks: tuple[int, ...] = (1, 3)
+  batch_prompts: int = 8  # instances per sampler call
+  num_per_task: int = 1   # held-out instances per task (without splits or a pool)
+
+
+def check(n, samples, names) -> None:
+  """config.eval.points (n >= 0) and its samples per set (`parse_samples` over the sets `names`
+  evaluated), checked before anything is built rather than when RL reaches the first point."""
   if not isinstance(n, int) or n < 0:
     raise ValueError(f"config.eval.points={n!r}: the number of evaluation points along RL (>= 0)")
   if n:
-    c = cfg.get("collapse") or {}
-    names = ["A", "B", "C"] if c.get("splits") or c.get("split_file") else (
-        ["pool"] if c.get("pool") else ["held_out"])
-    parse_samples(cfg.eval.points_samples or cfg.eval.samples, names)
+    parse_samples(samples, names)
 
 
-def sets_of(taskset, cfg) -> dict:
+def set_names(splits: bool, pool: bool) -> list[str]:
+  """The instance sets evaluated at each point: A, B, C with splits, else the pool or held-out."""
+  return ["A", "B", "C"] if splits else (["pool"] if pool else ["held_out"])
+
+
+def sets_of(taskset, num_per_task: int) -> dict:
   """The instance sets evaluated at each point: A, B, C (splits), else the pool or held-out."""
   if taskset.splits:
     sp = taskset.split_sets()
     return {"A": list(sp.A), "B": list(sp.B), "C": list(sp.C)}
   if taskset.pool:
     return {"pool": taskset.pool_items()}
-  return {"held_out": taskset.held_out(cfg.eval.num_per_task)}
+  return {"held_out": taskset.held_out(num_per_task)}
 
 
 class Points:
-  """run.cfg.eval.points evaluation points of one run; `maybe(state)` evaluates when the
-  state sits at one whose file is missing. start_params: the policy at the start of RL."""
+  """spec.n evaluation points of one run (files under workdir); `maybe(state)` evaluates when
+  the state sits at one whose file is missing. start_params: the policy at the start of RL.
+  The run's parts they use: `taskset`, `encoder`, `prompt_len`, `reward_cfg`; make_sampler(g)
+  -> the sampler of g samples per instance at spec's temperature and top_p, and
+  make_kl_logprobs() -> `make_kl_logprobs`'s function on the run's mesh (each made once, when
+  first needed); rep: the replicated sharding the prompts take there; timed(name, fn, *args):
+  the run's timer of an evaluation."""
 
-  def __init__(self, run, start_params):
-    self.run, self.start = run, start_params
-    cfg = run.cfg
-    self.steps = point_steps(cfg.rl.steps, cfg.eval.points)
-    self.sets = sets_of(run.taskset, cfg) if self.steps else {}
-    self.samples = (parse_samples(cfg.eval.points_samples or cfg.eval.samples, list(self.sets))
+  def __init__(self, spec: PointsSpec, workdir: str, taskset, start_params, *, encoder=None,
+               prompt_len: int = 0, reward_cfg=None, make_sampler=None, make_kl_logprobs=None,
+               rep=None, timed=None):
+    self.spec, self.workdir, self.start = spec, workdir, start_params
+    self.encoder, self.prompt_len, self.reward_cfg, self.rep = encoder, prompt_len, reward_cfg, rep
+    self.make_sampler, self.make_kl_logprobs = make_sampler, make_kl_logprobs
+    self.timed = timed or (lambda name, fn, *args: fn(*args))
+    self.collapse = taskset.collapse if taskset is not None else None
+    self.steps = point_steps(spec.rl_steps, spec.n)
+    self.sets = sets_of(taskset, spec.num_per_task) if self.steps else {}
+    self.samples = (parse_samples(spec.samples, list(self.sets))
                     if self.steps else {})  # eval.points = 0: a per-set spec names no set here
     self._samplers, self._logprob = {}, None
 
@@ -177,7 +205,7 @@ class Points:
     return bool(self.steps)
 
   def path(self, rl_step: int) -> str:
-    return os.path.join(self.run.workdir, DIR, f"rl{rl_step}.json")
+    return os.path.join(self.workdir, DIR, f"rl{rl_step}.json")
 
   def done(self, rl_step: int) -> bool:
     """Whether the point's file exists at this run's settings (a copied start point of a
@@ -186,20 +214,18 @@ class Points:
     if not os.path.exists(p):
       return False
     old = report.read_json(p)
-    return old.get("temperature") == self.run.cfg.rl.temperature and old.get("samples") == self.samples
+    return old.get("temperature") == self.spec.temperature and old.get("samples") == self.samples
 
   def maybe(self, state) -> dict | None:
-    rl_step = state.step - self.run.cfg.sft.steps
+    rl_step = state.step - self.spec.rl_start
     if rl_step not in self.steps or dist.agree(self.done(rl_step)):
       return None
-    return self.run.timed("eval", self.evaluate, state, rl_step)
+    return self.timed("eval", self.evaluate, state, rl_step)
 
   def evaluate(self, state, rl_step: int) -> dict:
-    run, cfg = self.run, self.run.cfg
     if self._logprob is None:  # one log-prob function, one sampler per sample count
-      self._logprob = make_kl_logprobs(run.graphdef, cfg.rl.temperature,
-                                       shardings=(run.p_sh, run.rep, run.data_sh))
-    out = {"rl_step": rl_step, "step": state.step, "temperature": cfg.rl.temperature,
+      self._logprob = self.make_kl_logprobs()
+    out = {"rl_step": rl_step, "step": state.step, "temperature": self.spec.temperature,
            "samples": self.samples, "kl_estimator": "k1 (mean sequence log-ratio); k3 beside", "sets": {}}
     for i, (name, items) in enumerate(self.sets.items()):
       g = self.samples[name]
@@ -214,8 +240,7 @@ class Points:
   def sampler_for(self, g: int):
     """The points' sampler of g samples per instance at the RL temperature (one each)."""
     if g not in self._samplers:
-      cfg = self.run.cfg
-      self._samplers[g] = self.run.sampler(self.run.sampling_config(g, cfg.rl.temperature, cfg.rl.top_p))
+      self._samplers[g] = self.make_sampler(g)
     return self._samplers[g]
 
   @staticmethod
@@ -224,21 +249,21 @@ class Points:
     return jax.random.fold_in(state.eval_key(), 7919 + i)
 
   def _one(self, state, items, g: int, sampler, kl_logprobs, rng) -> dict:
-    run, cfg = self.run, self.run.cfg
-    bp = cfg.eval.batch_prompts
+    spec = self.spec
+    bp = spec.batch_prompts
     start = lora.reference_params(self.start, state.params)  # LoRA: the base, adapters off
     pending = []  # device arrays of each chunk, read once every chunk is dispatched
 
     def sample_fn(pt, pm, key):
       tokens, mask, _ = sampler(state.params, pt, pm, key)
-      pending.append(kl_logprobs(state.params, start, dist.to_global(pt, run.rep),
-                                 dist.to_global(pm, run.rep), tokens) + (mask,))
+      pending.append(kl_logprobs(state.params, start, dist.to_global(pt, self.rep),
+                                 dist.to_global(pm, self.rep), tokens) + (mask,))
       return tokens, mask
 
     res = evaluation.evaluate(
-        sample_fn, run.encoder, items, samples=g, k=min(cfg.eval.k, g), pass_ks=tuple(cfg.eval.pass_ks),
-        rng=rng, batch_prompts=bp, prompt_len=run.prompt_len, reward_cfg=run.reward_cfg,
-        collapse=run.taskset.collapse)
+        sample_fn, self.encoder, items, samples=g, k=min(spec.k, g), pass_ks=tuple(spec.pass_ks),
+        rng=rng, batch_prompts=bp, prompt_len=self.prompt_len, reward_cfg=self.reward_cfg,
+        collapse=self.collapse)
     terms = [kl_terms(*(dist.to_host(x) for x in chunk)) for chunk in pending]
     per_sample = {k: np.concatenate([t[k] for t in terms])[:len(items) * g].reshape(len(items), g)
                   for k in KL_KEYS}

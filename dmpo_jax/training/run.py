@@ -26,7 +26,9 @@ from dmpo_jax.sampling import sampler as sampler_lib
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
 from dmpo_jax.training import lock as lock_lib
-from dmpo_jax.training import perception, report
+from dmpo_jax.training import evaluation, perception, report
+from dmpo_jax.training import specs as specs_lib
+from dmpo_jax.training import transfer as transfer_lib
 from dmpo_jax.training.evaluation import EVAL_KEYS
 from dmpo_jax.data import domain, instances, pipeline
 from dmpo_jax.training import points as eval_points
@@ -90,12 +92,14 @@ class Run:
   graphdef: Any
   model_shape: dict
   p_sh: Any            # params' shardings
-  o_sh: Any            # optimizer state's
+  sft_o_sh: Any        # SFT's optimizer state's (fixed at setup; `init_opt`)
+  rl_o_sh: Any         # RL's (the two optimizers can differ in structure)
   data_sh: Any         # batch rows over the mesh's data x fsdp axes (a prefix for every leaf)
   rep: Any             # replicated
   sft_opt: Any
   rl_opt: Any
   ckpt: ckpt_lib.Checkpointer
+  specs: specs_lib.Specs  # the config compiled: what the modules below the stages read
   vl_cfg: Any = None   # a vision-language policy's VLConfig (None: a text model)
   processor: Any = None  # its VLProcessor (saved with the HF export)
   lock: Any = None     # the workdir's lock.Lock, on process 0 (released by `close`)
@@ -103,7 +107,8 @@ class Run:
   progress: Any = None
   times: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
       ("sft", "rollout", "reward", "update", "eval", "dph"), 0.0))
-  held_out: Any = None  # (sampler, instances, ground truths): evaluation.held_out's, made once
+  held_out: Any = None  # its evaluation.HeldOut (one sampler, one instance set), made once
+  transfer: Any = None  # its transfer.Transfer (config.eval.transfer), made once
   truncated: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
       ("prompt_truncated", "sft_truncated"), 0))  # this process's cuts (results.json)
 
@@ -115,11 +120,11 @@ class Run:
   def completion_len(self) -> int:
     return self.cfg.model.max_new_tokens
 
-  def init_opt(self, opt, params):
-    """Optimizer state on the mesh: moments sharded like their params, counts replicated;
-    its shardings become `o_sh` (SFT's and RL's optimizers can differ in structure)."""
-    state, self.o_sh = sharding.init_opt_state(opt, params, self.p_sh, self.mesh)
-    return state
+  def init_opt(self, stage: str, params):
+    """A fresh optimizer state of `stage` ("sft" or "rl") on the mesh, placed by that stage's
+    shardings (`sft_o_sh`, `rl_o_sh`: moments sharded like their params, counts replicated)."""
+    opt, o_sh = (self.sft_opt, self.sft_o_sh) if stage == "sft" else (self.rl_opt, self.rl_o_sh)
+    return jax.jit(opt.init, out_shardings=o_sh)(params)
 
   def sampling_config(self, num_samples: int, temperature: float, top_p: float = 1.0):
     return sampler_lib.SamplingConfig(max_new_tokens=self.completion_len, num_samples=num_samples,
@@ -129,6 +134,53 @@ class Run:
 
   def sampler(self, scfg):
     return sampling.make_sampler(self.graphdef, scfg, self.p_sh, self.data_sh, self.rep)
+
+  def held_out_eval(self, name: str, state: TrainState) -> dict:
+    """eval_{name}.json: the held-out evaluation of `state`'s policy (evaluation.HeldOut)."""
+    if self.held_out is None:
+      spec = self.specs.eval
+      self.held_out = evaluation.HeldOut(
+          spec, self.workdir, self.taskset, self.encoder, self.prompt_len, self.reward_cfg,
+          lambda: self.sampler(self.sampling_config(spec.samples, spec.temperature)),
+          None if self.vl_cfg is None else self.images)
+    return self.held_out(name, state.params, state.eval_key())
+
+  def transfer_eval(self, name: str, state: TrainState) -> dict | None:
+    """eval_transfer_{name}.json: the reasoning-gym transfer tasks' evaluation of `state`'s
+    policy (transfer.py); None without config.eval.transfer."""
+    if self.transfer is None:
+      spec = specs_lib.transfer_spec(self.cfg)
+      if not spec.keys:
+        return None
+      scfg = self.sampling_config(spec.samples, spec.temperature)
+      model_cfg = nnx.merge(self.graphdef, state.params["model"]).cfg
+      self.transfer = transfer_lib.Transfer(
+          spec, self.workdir, self.encoder.tok, self.cfg.prompt_style, self.cfg.chat_template,
+          self.reward_cfg, lambda n: self.sampler(dataclasses.replace(scfg, max_new_tokens=n)),
+          context=getattr(model_cfg, "text", model_cfg).max_position_embeddings)
+    return self.transfer(name, state.params, state.eval_key())
+
+  def points(self, start_params) -> eval_points.Points:
+    """The evaluation points along RL (points.py), against the policy `start_params`."""
+    spec = self.specs.points
+    return eval_points.Points(
+        spec, self.workdir, self.taskset, start_params, encoder=self.encoder,
+        prompt_len=self.prompt_len, reward_cfg=self.reward_cfg,
+        make_sampler=lambda g: self.sampler(self.sampling_config(g, spec.temperature, spec.top_p)),
+        make_kl_logprobs=lambda: eval_points.make_kl_logprobs(
+            self.graphdef, spec.temperature, shardings=(self.p_sh, self.rep, self.data_sh)),
+        rep=self.rep, timed=self.timed)
+
+  def perception_batch(self, step: int) -> dict:
+    """The perception stage's batch at `step` (perception.py)."""
+    return perception.batch(self.specs.perception, self.taskset, self.encoder, self.prompt_len,
+                            self.images, step)
+
+  def perception_eval(self, state: TrainState) -> dict:
+    """perception.json of `state`'s policy (perception.py)."""
+    return perception.evaluate(self.specs.perception, self.workdir, self.taskset, self.encoder,
+                               state.params, state.eval_key(), prompt_len=self.prompt_len,
+                               make_sampler=self.sampler, images=self.images)
 
   def vision_opts(self, stage: str) -> dict:
     """The step's vision-tower option (`freeze_vision`); nothing for a text model."""
@@ -161,7 +213,8 @@ class Run:
   def save(self, state: TrainState, stage: str) -> None:
     state.counters["times"] = self.times
     self.ckpt.save(state.step, state.params, state.opt_state,
-                   checkpoint_meta(state, stage, self.cfg, self.model_shape))
+                   checkpoint_meta(state, stage, config_lib.config_json(self.cfg),
+                                   self.model_shape))
 
   def maybe_stop(self, state: TrainState, stage: str, stop) -> bool:
     """On a signal or at config.stop_at_step: save and report True (all processes agree)."""
@@ -228,7 +281,8 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
   mesh = sharding.make_mesh(dict(cfg.mesh))
   check_config(cfg, obj, mesh)
   write_config = config_lib.check_resume(cfg, workdir, allow_config_change)
-  eval_points.check_config(cfg)
+  specs_lib.check_points(cfg)
+  specs = specs_lib.compile(cfg)
   lock_workdir(workdir, take=False)  # a run there now: refused before the model is built
   taskset = instances.taskset_from_config(cfg, task_keys(cfg))
   reward_cfg = domain.RewardConfig(**dict(cfg.rl.reward))
@@ -248,20 +302,22 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
   if "log_z" in params:
     p_sh["log_z"] = jax.tree.map(lambda _: rep, params["log_z"])
   params = jax.tree.map(lambda x, s: dist.to_global(np.asarray(x), s), params, p_sh)
+  sft_opt = make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0,
+                           **vision_optimizer_opts(cfg, "sft", vl_cfg),
+                           lead=specs.perception.lead, lora=lora)
+  rl_opt = make_optimizer(cfg.rl.lr, cfg.rl.steps, 0, cfg.rl.max_grad_norm,
+                          **vision_optimizer_opts(cfg, "rl", vl_cfg), lora=lora)
 
   # Every check passed: from here on the workdir is written, under its lock.
   lock = lock_workdir(workdir)
   try:
     run = Run(cfg=cfg, workdir=workdir, obj=obj, mesh=mesh, taskset=taskset, reward_cfg=reward_cfg,
               tok=tok, encoder=encoder, graphdef=graphdef, model_shape=model_build.shape(model),
-              p_sh=p_sh, o_sh=None, data_sh=sharding.batch_sharding(mesh, 1), rep=rep,
-              sft_opt=make_optimizer(cfg.sft.lr, cfg.sft.steps, cfg.sft.warmup, 1.0,
-                                     **vision_optimizer_opts(cfg, "sft", vl_cfg),
-                                     lead=perception.lead(cfg), lora=lora),
-              rl_opt=make_optimizer(cfg.rl.lr, cfg.rl.steps, 0, cfg.rl.max_grad_norm,
-                                    **vision_optimizer_opts(cfg, "rl", vl_cfg), lora=lora),
+              p_sh=p_sh, sft_o_sh=sharding.opt_state_shardings(sft_opt, params, p_sh, mesh),
+              rl_o_sh=sharding.opt_state_shardings(rl_opt, params, p_sh, mesh),
+              data_sh=sharding.batch_sharding(mesh, 1), rep=rep, sft_opt=sft_opt, rl_opt=rl_opt,
               ckpt=ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=cfg.checkpoint.keep),
-              vl_cfg=vl_cfg, processor=processor, lock=lock)
+              specs=specs, vl_cfg=vl_cfg, processor=processor, lock=lock)
     return run, open_workdir(run, params, write_config)
   except BaseException:
     if lock is not None:
@@ -277,7 +333,7 @@ def open_workdir(run: Run, params, write_config: bool) -> TrainState:
   # The optimizer of the stage the run is in (a checkpoint at step sft.steps is SFT's; the
   # two can differ in structure when one stage freezes the vision tower).
   in_sft = cfg.sft.steps and (latest is None or latest <= cfg.sft.steps)
-  opt_state = run.init_opt(run.sft_opt if in_sft else run.rl_opt, params)
+  opt_state = run.init_opt("sft" if in_sft else "rl", params)
   state = TrainState(params=params, opt_state=opt_state, step=0, key=jax.random.key(cfg.seed))
 
   if latest is not None:

@@ -28,13 +28,14 @@ from dmpo_jax.tasks import diversity, scoring
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import dph, evaluation, report, steps
 from dmpo_jax.data import pipeline
-from dmpo_jax.training import perception
+from dmpo_jax.training import memory
 from dmpo_jax.training import points as eval_points
+from dmpo_jax.training import transfer as transfer_lib
 from dmpo_jax.training.rollout import collect_rollouts
 from dmpo_jax.training.evaluation import EVAL_KEYS
 from dmpo_jax.training.run import Run, TrainingError, setup
 from dmpo_jax.training.state import TrainState
-from dmpo_jax.training.steps import micro_batches, update
+from dmpo_jax.training.steps import update
 
 
 def train(cfg, workdir: str, allow_config_change=()) -> dict:
@@ -55,13 +56,16 @@ def run_stages(run: Run, state: TrainState, t_start: float) -> dict:
   cfg = run.cfg
   with ckpt_lib.StopSignal() as stop:
     if cfg.eval.zero_shot and cfg.sft.steps and state.step == 0:  # the initial policy
-      run.timed("eval", evaluation.held_out, run, "zero_shot", state)
+      run.timed("eval", run.held_out_eval, "zero_shot", state)
+      run.timed("eval", run.transfer_eval, "zero_shot", state)  # config.eval.transfer's tasks
     state, stopped = sft_stage(run, state, stop)
     if stopped:
       return run.close_stopped(state)
-    before = run.timed("eval", evaluation.held_out, run, "before", run.sft_end_state(state))
+    sft_end = run.sft_end_state(state)
+    before = run.timed("eval", run.held_out_eval, "before", sft_end)
+    run.timed("eval", run.transfer_eval, "before", sft_end)
     if cfg.rl.steps and state.step == cfg.sft.steps:  # a fresh optimizer for RL
-      state = dataclasses.replace(state, opt_state=run.init_opt(run.rl_opt, state.params))
+      state = dataclasses.replace(state, opt_state=run.init_opt("rl", state.params))
     state, stopped = rl_stage(run, state, stop)
     if stopped:
       return run.close_stopped(state)
@@ -71,20 +75,20 @@ def run_stages(run: Run, state: TrainState, t_start: float) -> dict:
 def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   """Supervised warm start on heuristic solutions; returns (state, stopped)."""
   cfg = run.cfg
-  lead = perception.steps(cfg)  # the first `lead` steps transcribe images (perception.py)
+  lead = run.specs.perception.steps  # the first `lead` steps transcribe images (perception.py)
   if lead and state.step == lead:  # a resume at the perception stage's end: its evaluation
-    run.timed("eval", perception.evaluate, run, state)  # (read back when it was written)
+    run.timed("eval", run.perception_eval, state)  # (read back when it was written)
   if state.step >= cfg.sft.steps:
     return state, False
   sft_step = steps.make_sft_step(run.graphdef, run.sft_opt, run.prompt_len, **run.vision_opts("sft"),
-                                 shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep))
+                                 shardings=(run.p_sh, run.sft_o_sh, run.data_sh, run.rep))
   rows = lambda s: cfg.sft.batch_size // (1 if s < lead else cfg.sft.solutions_per_instance)
   with multimodal.Prefetch(run.encoder) as prefetch:  # image prompts: the next step's renders
     while state.step < cfg.sft.steps:
       t0 = time.time()
       prefetch.wait()
       stage = "perception" if state.step < lead else "sft"
-      batch = perception.batch(run, state.step) if stage == "perception" else sft_batch(run, state.step)
+      batch = run.perception_batch(state.step) if stage == "perception" else sft_batch(run, state.step)
       if state.step + 1 < cfg.sft.steps:
         prefetch.warm(lambda s=state.step + 1: run.taskset.train("sft", s, rows(s)))
       state, m = update(state, dist.tree_to_global(batch, run.data_sh), sft_step)
@@ -94,7 +98,7 @@ def sft_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
       if state.step % cfg.checkpoint.every == 0 or state.step in (lead, cfg.sft.steps):
         run.save(state, "sft")
       if lead and state.step == lead:  # the stage's end, before a stop there can end the run
-        run.timed("eval", perception.evaluate, run, state)
+        run.timed("eval", run.perception_eval, state)
       if run.maybe_stop(state, "sft", stop):
         return state, True
   return state, False
@@ -150,8 +154,8 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   every = term_grads_every(cfg)
   rl_update, rl_update_terms = (
       steps.make_rl_step(run.graphdef, obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
-                         shardings=(run.p_sh, run.o_sh, run.data_sh, run.rep),
-                         micro_batches=micro_batches(cfg, obj, run.mesh), term_grads=terms,
+                         shardings=(run.p_sh, run.rl_o_sh, run.data_sh, run.rep),
+                         micro_batches=memory.micro_batches(cfg, obj, run.mesh), term_grads=terms,
                          **run.vision_opts("rl"))
       for terms in (False, True))
   state, reference, points = start_policies(run, state)
@@ -217,8 +221,8 @@ def start_policies(run: Run, state: TrainState):
   if presets.needs(run.obj).reference:
     state = dataclasses.replace(state, reference=reference_policy(run.ckpt, state, cfg.sft.steps))
   reference = state.reference
-  points = eval_points.Points(run, reference if reference is not None or not cfg.eval.points else
-                              reference_policy(run.ckpt, state, cfg.sft.steps))
+  points = run.points(reference if reference is not None or not cfg.eval.points else
+                      reference_policy(run.ckpt, state, cfg.sft.steps))
   return state, reference, points
 
 
@@ -228,7 +232,7 @@ def end_point_done(run: Run, state: TrainState) -> bool:
   rl_step = state.step - run.cfg.sft.steps
   if rl_step not in eval_points.point_steps(run.cfg.rl.steps, run.cfg.eval.points):
     return True
-  return eval_points.Points(run, None).done(rl_step)
+  return run.points(None).done(rl_step)
 
 
 def dph_presample(run: Run, state: TrainState, logprob_eval) -> tuple:
@@ -239,8 +243,8 @@ def dph_presample(run: Run, state: TrainState, logprob_eval) -> tuple:
   if not (presets.needs(run.obj).dph_store and cfg.rl.steps):
     return None, None
   dph_sampler = run.sampler(run.sampling_config(cfg.dph.samples, cfg.rl.temperature, cfg.rl.top_p))
-  store = run.timed("dph", dph.presample, cfg, run.workdir, run.taskset, run.encoder, dph_sampler,
-                    logprob_eval, state.params, state, run.reward_cfg,
+  store = run.timed("dph", dph.presample, run.specs.dph, run.workdir, run.taskset, run.encoder,
+                    dph_sampler, logprob_eval, state.params, state, run.reward_cfg,
                     None if run.vl_cfg is None else run.images)
   return store, dph_image_fn(run, store)
 
@@ -301,7 +305,7 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
   if run.progress:
     run.progress.close()
   run.writer.close()
-  after = run.timed("eval", evaluation.held_out, run, "after", state)
+  after = run.timed("eval", run.held_out_eval, "after", state)
   keep = {k: scoring.keep_and_exploration(before["solved"][k], after["solved"][k])
           for k in after["solved"]}
   keep_collapse = collapse_keep_exploration(cfg, before, after)
@@ -319,6 +323,11 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
     results["zero_shot"] = {k: zero[k] for k in ("per_task", "categories", "overall")}
   if "modalities" in after:  # a vision-language policy: every modality, before and after RL
     results["modalities"] = {"before": before.get("modalities"), "after": after["modalities"]}
+  transfer_after = run.timed("eval", run.transfer_eval, "after", state)
+  if transfer_after is not None:  # config.eval.transfer: reasoning-gym tasks (training/transfer.py)
+    results["transfer"] = transfer_lib.results(
+        {"zero_shot": run.transfer.read("zero_shot"), "before": run.transfer.read("before"),
+         "after": transfer_after})
   export = dist.tree_to_host(state.params["model"]) if cfg.checkpoint.export_hf else None  # all processes
   if dist.is_main():  # files are written once: the results first, so nothing after loses them
     report.write_json(results, os.path.join(run.workdir, "results.json"))
@@ -346,6 +355,8 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
     print(f"\nafter RL, the same instances by modality (table above: {after['modality']}; "
           "blank = the image replaced by a white one):")
     print(report.format_modalities(after))
+  if "transfer" in results:
+    print("\n" + transfer_lib.format_results(results["transfer"]))
   print("time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in run.times.items()) +
         f"; outputs in {run.workdir}")
   return results

@@ -9,7 +9,6 @@ are part of a run's identity: changing one changes every result.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 import jax
@@ -49,9 +48,10 @@ class TrainState:
     return jax.random.fold_in(self.key, DPH_STREAM + first_prompt)
 
 
-def checkpoint_meta(state: TrainState, stage: str, cfg, model_shape: dict) -> dict:
-  """The JSON record saved next to params and optimizer state."""
-  return {"step": state.step, "stage": stage, "seed": cfg.seed,
+def checkpoint_meta(state: TrainState, stage: str, config_json: dict, model_shape: dict) -> dict:
+  """The JSON record saved next to params and optimizer state; config_json: the run's config
+  as config.json holds it (`config.config_json`)."""
+  return {"step": state.step, "stage": stage, "seed": config_json["seed"],
           "rng_key": np.asarray(jax.random.key_data(state.key)).tolist(),
           "data_position": state.step, "model_shape": model_shape,
-          "counters": state.counters, "config": json.loads(cfg.to_json_best_effort())}
+          "counters": state.counters, "config": config_json}

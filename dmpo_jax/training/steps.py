@@ -24,7 +24,6 @@ from dmpo_jax.models import positions, qwen2_5_vl
 from dmpo_jax.models.transformer import dense
 from dmpo_jax.objectives import common, flowrl, presets
 from dmpo_jax.parallel import distributed as dist
-from dmpo_jax.parallel import sharding
 from dmpo_jax.training.state import TrainState
 
 TRACES: collections.Counter = collections.Counter()  # compilations per step function
@@ -116,12 +115,6 @@ def lora_labels(params):
                      "(config.model.lora is not set on this model)")
   return jax.tree_util.tree_map_with_path(
       lambda path, _: "frozen" if frozen(path) else "trained", params)
-
-
-def micro_batches(cfg, obj: presets.ObjectiveConfig, mesh) -> int:
-  """config.rl.micro_batches, with 0 (auto) resolved by `auto_micro_batches`."""
-  return cfg.rl.micro_batches or auto_micro_batches(obj, cfg.rl.prompts_per_step,
-                                                    sharding.batch_rows(mesh))
 
 
 def auto_micro_batches(obj: presets.ObjectiveConfig, prompts: int, rows: int = 1) -> int:

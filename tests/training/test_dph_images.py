@@ -57,7 +57,7 @@ def test_dph_rows_with_images_give_the_stored_logprobs(tmp_path, monkeypatch):
 
   logprob_eval = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
                                          shardings=(run.p_sh, run.data_sh, None))
-  store = dph.presample(cfg, str(tmp_path), run.taskset, run.encoder, sampler, logprob_eval,
+  store = dph.presample(run.specs.dph, str(tmp_path), run.taskset, run.encoder, sampler, logprob_eval,
                         state.params, state, run.reward_cfg, run.images)
   k, n = cfg.dph.samples, cfg.dph.num_prompts
   assert len(calls) == -(-n // cfg.eval.batch_prompts)

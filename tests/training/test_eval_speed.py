@@ -121,12 +121,12 @@ def test_pipelined_loop_gives_each_chunk_its_key_and_prompts_in_order():
 def test_no_points_with_a_per_set_sample_spec_is_no_error():
   """eval.points = 0 under configs/collapse.py (points_samples "A:32,B:64,C:32"): no points,
   and nothing to parse (the spec names sets that this run does not evaluate)."""
-  import types
+  from dmpo_jax.training import specs
   from tests.helpers import config_module
   cfg = config_module("collapse").get_config("smoke")
   cfg.eval.points, cfg.eval.points_samples = 0, "A:32,B:64,C:32"
-  pts = points.Points(types.SimpleNamespace(cfg=cfg, taskset=None), None)
+  pts = points.Points(specs.points_spec(cfg), "", None, None)
   assert not pts.enabled and pts.samples == {} and pts.sets == {}
   cfg.eval.points = 2
   with pytest.raises(AttributeError):  # with points, the sets are read from the task set
-    points.Points(types.SimpleNamespace(cfg=cfg, taskset=None), None)
+    points.Points(specs.points_spec(cfg), "", None, None)

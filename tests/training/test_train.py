@@ -16,7 +16,8 @@ from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
 from dmpo_jax.training import run as run_lib
 from dmpo_jax.training import stages
-from dmpo_jax.training.steps import make_optimizer, micro_batches
+from dmpo_jax.training.memory import micro_batches
+from dmpo_jax.training.steps import make_optimizer
 from dmpo_jax.models import hf
 from tests.helpers import REPO, adam_lr_sum, assert_adam_close, config_module, smoke
 
