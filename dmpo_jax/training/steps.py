@@ -261,23 +261,44 @@ def _guarded_update(opt, loss, grads, params, opt_state, freeze_vision: bool = F
           1 - finite.astype(jnp.int32), optax.global_norm(safe))
 
 
-def accumulate(value_and_grad, params, batch, micro_batches: int):
+def accumulate(value_and_grad, params, batch, micro_batches: int, frozen=None):
   """Mean of (loss, metrics, grads) over `micro_batches` equal slices of every batch leaf's
   leading axis, one slice at a time (lax.scan): activations of one slice live at once.
-  Exact for losses that are means over groups; a global token mean becomes a mean of slices'."""
+  Exact for losses that are means over groups; a global token mean becomes a mean of slices'.
+  frozen (`frozen_filter`'s predicate): the frozen leaves' gradients, zero (a LoRA model's base
+  is under stop_gradient, a frozen tower's features are detached), ride through the slices as
+  scalar zeros, not as a gradient-sized buffer, and come back as zeros of their shape. grads:
+  a params-shaped tree, or a tuple of them (`term_gradients`)."""
   if micro_batches == 1:
     return value_and_grad(params, batch)
+  vg = value_and_grad if frozen is None else _slim_grads(value_and_grad, frozen)
   split = jax.tree.map(lambda x: x.reshape((micro_batches, x.shape[0] // micro_batches) + x.shape[1:]),
                        batch)
   first = jax.tree.map(lambda x: x[0], split)
-  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(value_and_grad, params, first))
+  zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(vg, params, first))
 
   def body(acc, piece):
-    out = value_and_grad(params, piece)
+    out = vg(params, piece)
     return jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, out), None
 
   total, _ = jax.lax.scan(body, zeros, split)
-  return jax.tree.map(lambda x: x / micro_batches, total)
+  aux, grads = jax.tree.map(lambda x: x / micro_batches, total)
+  if frozen is None:
+    return aux, grads
+  full = lambda g: jax.tree_util.tree_map_with_path(
+      lambda path, x, p: jnp.zeros(p.shape, x.dtype) if frozen(path) else x, g, params)
+  return aux, (tuple(map(full, grads)) if isinstance(grads, tuple) else full(grads))
+
+
+def _slim_grads(value_and_grad, frozen):
+  """value_and_grad with every frozen leaf of its gradient tree(s) a scalar zero."""
+  slim = lambda g: jax.tree_util.tree_map_with_path(
+      lambda path, x: jnp.zeros((), x.dtype) if frozen(path) else x, g)
+
+  def vg(params, piece):
+    aux, grads = value_and_grad(params, piece)
+    return aux, (tuple(map(slim, grads)) if isinstance(grads, tuple) else slim(grads))
+  return vg
 
 
 def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: int,
@@ -305,7 +326,8 @@ def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: in
 
   def step(params, opt_state, batch):
     TRACES["rl_update_terms" if term_grads else "rl_update"] += 1
-    (loss, metrics), grads = accumulate(vg, params, batch, micro_batches)
+    (loss, metrics), grads = accumulate(vg, params, batch, micro_batches,
+                                        frozen_filter(params, freeze_vision))
     if term_grads:
       grads, g_pg, g_reg = grads
       pg, reg = optax.tree.norm(g_pg), optax.tree.norm(g_reg)
