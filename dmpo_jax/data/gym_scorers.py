@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
+from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Callable
 
@@ -366,8 +368,96 @@ def _rstrip_lines(s: str) -> str:
   return "\n".join(line.rstrip() for line in s.split("\n"))
 
 
+# ---- short numeric answers: basic_arithmetic, chain_sum, leg_counting, letter_counting ----------
+
+_PLAIN_NUMBER = re.compile(r"[+-]?[0-9][0-9,]{0,39}(?:\.[0-9]{0,20})?")
+
+
+def parse_plain_number(text: str) -> str:
+  """The answer text when it is one number in plain decimal notation (a sign, digits, commas,
+  a decimal point), else ParseError; scored as text, the way reasoning-gym scores it."""
+  s = bounded(text)
+  if not _PLAIN_NUMBER.fullmatch(s):
+    raise ParseError(f"{s[:20]!r} is not a number")
+  return s
+
+
+def score_exact_text(data: dict, answer: str) -> tuple:
+  """reasoning-gym's default score_answer (ProceduralDataset): 1 for the oracle text, else
+  len(oracle) / len(answer) when the answer contains the oracle, else 0."""
+  oracle = data["answer"]
+  if answer == oracle:
+    return 1.0, answer, "ok"
+  if oracle in answer:
+    return len(oracle) / len(answer), None, f"{answer!r} contains {oracle!r}"
+  return 0.0, None, f"{answer!r}, not {oracle!r}"
+
+
+def score_decimal(data: dict, answer: str) -> tuple:
+  """reasoning-gym's utils.compute_decimal_reward (chain_sum): commas dropped, 1 when the two
+  are equal decimals ('+01,000.00' is 1000), else the default rule's containment credit."""
+  a, oracle = answer.replace(",", ""), data["answer"].replace(",", "")
+  try:
+    if Decimal(a) == Decimal(oracle):
+      return 1.0, oracle, "ok"
+  except (ArithmeticError, ValueError):
+    pass
+  if oracle in a:
+    return len(oracle) / len(a), None, f"{answer!r} contains {oracle!r}"
+  return 0.0, None, f"{answer!r}, not {oracle!r}"
+
+
+def check_integer_answer(data: dict) -> None:
+  require(re.fullmatch(r"-?[0-9]{1,30}", data["answer"]) is not None, "data.answer must be an integer")
+
+
+# ---- number_sorting --------------------------------------------------------------------------
+
+def parse_number_list(text: str) -> tuple:
+  """reasoning-gym's reading: single quotes become double quotes, json.loads, a list, each item
+  through float(); anything else ParseError (reasoning-gym: 0). Non-finite numbers are refused."""
+  s = bounded(text).replace("'", '"')
+  try:
+    value = json.loads(s)
+  except (ValueError, RecursionError) as e:
+    raise ParseError(f"not JSON ({type(e).__name__})") from None
+  if not isinstance(value, list):
+    raise ParseError("not a JSON list")
+  try:
+    numbers = tuple(float(x) for x in value)
+  except (TypeError, ValueError, OverflowError):
+    raise ParseError("a list item is not a number") from None
+  if not all(math.isfinite(x) for x in numbers):
+    raise ParseError("a list item is not a finite number")
+  return numbers
+
+
+def score_number_sorting(data: dict, numbers: tuple) -> tuple:
+  """reasoning-gym's rule: as many numbers as the oracle, sorted in the asked direction, each
+  within 1 of the oracle's number in its place."""
+  expected = [float(x) for x in data["sorted_numbers"]]
+  if len(numbers) != len(expected):
+    return 0.0, None, f"{len(numbers)} numbers, not {len(expected)}"
+  ordered = sorted(numbers, reverse=data["direction"] != "ascending")
+  if list(numbers) != ordered:
+    return 0.0, None, f"not in {data['direction']} order"
+  if any(abs(a - b) > 1 for a, b in zip(numbers, expected)):
+    return 0.0, None, "a number differs from the sorted list's by more than 1"
+  return 1.0, numbers, "ok"
+
+
+def check_sorting(data: dict) -> None:
+  nums = data["sorted_numbers"]
+  require(nums and all(isinstance(x, str) and re.fullmatch(r"-?[0-9]{1,12}(\.[0-9]{1,12})?", x)
+                       for x in nums), "data.sorted_numbers must be decimal strings")
+  require(data["direction"] in ("ascending", "descending"),
+          "data.direction must be 'ascending' or 'descending'")
+
+
 # ---- the table -------------------------------------------------------------------------------
 
+_ONE_NUMBER = ("the answer must be one number in plain notation (reasoning-gym gives text that "
+               "contains the oracle's number len(oracle) / len(text), so 'It is 4' scores 0.14 there, 0 here)")
 _REFUSED = "an answer our parser refuses scores 0 (reasoning-gym: 0.01)"
 
 SCORERS = {s.name: s for s in (
@@ -412,4 +502,20 @@ SCORERS = {s.name: s for s in (
            lambda e: {"solution": e["metadata"]["solution"], "oracle": e["answer"]},
            lambda e, d: d["oracle"],
            {"solution": (list,), "oracle": (str,)}, (), check_solution),
+    *(Scorer(name, parse_plain_number, score_exact_text,
+             lambda e: {"answer": str(e["answer"])}, lambda e, d: d["answer"],
+             {"answer": (str,)}, (_ONE_NUMBER,), check_integer_answer)
+      for name in ("basic_arithmetic", "leg_counting", "letter_counting")),
+    Scorer("chain_sum", parse_plain_number, score_decimal,
+           lambda e: {"answer": str(e["answer"])}, lambda e, d: d["answer"],
+           {"answer": (str,)},
+           (_ONE_NUMBER + "; exponents ('1e3') are refused (reasoning-gym's Decimal reads them)",),
+           check_integer_answer),
+    Scorer("number_sorting", parse_number_list, score_number_sorting,
+           lambda e: {"sorted_numbers": list(e["metadata"]["sorted_numbers"]),
+                      "direction": e["metadata"]["direction"]},
+           lambda e, d: e["answer"],
+           {"sorted_numbers": (list,), "direction": (str,)},
+           ("a list holding NaN or infinity scores 0 (reasoning-gym: a list of NaNs can score 1)",),
+           check_sorting),
 )}

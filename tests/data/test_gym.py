@@ -16,7 +16,9 @@ from tests.helpers import config_module, override
 
 # Small configs, fast to generate (futoshiki's default boards take seconds each to make).
 CONFIGS = {"countdown": {}, "puzzle24": {}, "graph_color": {}, "shortest_path": {}, "n_queens": {},
-           "gsm_symbolic": {}, "futoshiki": {"min_board_size": 4, "max_board_size": 6}}
+           "gsm_symbolic": {}, "futoshiki": {"min_board_size": 4, "max_board_size": 6},
+           "basic_arithmetic": {}, "chain_sum": {}, "leg_counting": {}, "letter_counting": {},
+           "number_sorting": {}}
 SLOW = {"countdown", "puzzle24", "futoshiki"}  # 200 instances take 4-11 s to generate
 HOSTILE = ["__import__('os').system('touch PWNED')", "open('PWNED', 'w').write('1')",
            "(lambda: __import__('os').system('touch PWNED'))()", "9**9**9**9"]
@@ -46,8 +48,9 @@ def ours(task, q, answer) -> float:
 
 def test_wrapped_tasks_and_refusals(registered):
   assert set(gym.wrapped()) >= {"countdown", "graph_color", "shortest_path", "n_queens",
-                                "gsm_symbolic", "futoshiki", "puzzle24"}
-  for name in ("basic_arithmetic", "no_such_task"):  # scored by eval / sympy, or unknown
+                                "gsm_symbolic", "futoshiki", "puzzle24", "basic_arithmetic",
+                                "chain_sum", "leg_counting", "letter_counting", "number_sorting"}
+  for name in ("spiral_matrix", "no_such_task"):  # scored by eval / sympy, or unknown
     with pytest.raises(ValueError, match=f"{name}.*not wrapped"):
       gym.domain(name)
   task = registered("gsm_symbolic")
@@ -190,6 +193,43 @@ def variants_futoshiki(e, q, rng):
           (plain + "\n" + plain, "same"), ("no idea", "same")]
 
 
+def _number_variants(ref):
+  """A short numeric answer (reasoning-gym's default score_answer: the text, or the share of it
+  the oracle covers): variants that are numbers score the same; text around one is refused."""
+  return [(ref, "same"), (ref + "0", "same"), (ref + ".0", "same"), (ref + ",", "same"),
+          (str(int(ref) + 1), "same"), ("seven", "same"),
+          (f"{ref} in total", "text around the number")]
+
+
+def variants_basic_arithmetic(e, q, rng):
+  return _number_variants(q["answer"])
+
+
+variants_leg_counting = variants_letter_counting = variants_basic_arithmetic
+
+
+def variants_chain_sum(e, q, rng):
+  ref = q["answer"]
+  out = _number_variants(ref) + [(f"{int(ref):,}", "same"), (ref + ".00", "same"),
+                                 (ref + "e0", "exponent")]
+  if not ref.startswith("-"):
+    out.append(("+0" + ref, "same"))
+  return out
+
+
+def variants_number_sorting(e, q, rng):
+  ref = q["answer"]
+  nums = [float(x) for x in e["metadata"]["sorted_numbers"]]
+  i = rng.randrange(len(nums))
+  return [(ref, "same"), (e["answer"], "same"), (json.dumps(nums), "same"),
+          (json.dumps(nums[::-1]), "same"), (json.dumps(nums[:-1]), "same"),
+          (json.dumps(nums[:i] + [nums[i] + rng.choice([0.5, 3])] + nums[i + 1:]), "same"),
+          (json.dumps([str(x) for x in nums] + ["1"]), "same"), ("[1, 2", "same"), ('"1, 2"', "same"),
+          (json.dumps(["a"] * len(nums)), "same"), (json.dumps([[1]] * len(nums)), "same"),
+          (", ".join(map(str, nums)), "same"),
+          ("[" + ", ".join(["NaN"] * len(nums)) + "]", "non-finite")]
+
+
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
                                   for n in sorted(CONFIGS)])
 def test_scores_equal_reasoning_gyms(name, registered):
@@ -212,7 +252,10 @@ def test_scores_equal_reasoning_gyms(name, registered):
         assert mine < theirs, (label, index, answer, mine, theirs)
         labels[label] = labels.get(label, 0) + 1
   expected = {"countdown": {"refused"}, "puzzle24": {"refused"}, "graph_color": {"not an object"},
-              "gsm_symbolic": {"text around the number"}}.get(name, set())
+              "gsm_symbolic": {"text around the number"}, "basic_arithmetic": {"text around the number"},
+              "leg_counting": {"text around the number"}, "letter_counting": {"text around the number"},
+              "chain_sum": {"text around the number", "exponent"},
+              "number_sorting": {"non-finite"}}.get(name, set())
   # puzzle24's "other numbers" (another expression of 24) may or may not occur
   assert expected <= set(labels) <= expected | {"other numbers"}, labels
   print(f"{name}: {total} answers, differences {labels}")

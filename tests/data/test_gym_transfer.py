@@ -43,8 +43,8 @@ def test_gym_flag_selects_and_registers_the_tasks():
     evaluate.FLAGS(["evaluate", "--gym=countdown", "--tasks=TSP", "--out=unused"])
     assert evaluate.eval_task_keys() == ["TSP", "gym-countdown"]
   with flagsaver.flagsaver():
-    evaluate.FLAGS(["evaluate", "--gym=basic_arithmetic", "--out=unused"])
-    with pytest.raises(app.UsageError, match="basic_arithmetic"):
+    evaluate.FLAGS(["evaluate", "--gym=spiral_matrix", "--out=unused"])
+    with pytest.raises(app.UsageError, match="spiral_matrix"):
       evaluate.check_flags()
 
 
@@ -176,7 +176,7 @@ def test_transfer_field_is_checked_before_anything_is_written(tmp_path):
   """config.eval.transfer: an unknown or NP task, a task named twice or one trained on is
   refused in one line naming the field, before the workdir is written."""
   from dmpo_jax.training import run as run_lib
-  for value, words in (("gym-countdown,gym-basic_arithmetic", "gym-basic_arithmetic"),
+  for value, words in (("gym-countdown,gym-spiral_matrix", "gym-spiral_matrix"),
                        ("TSP", "TSP"), ("countdown", "gym-countdown"),
                        ("gym-countdown+gym-countdown", "more than once")):
     cfg = helpers.smoke(**{"eval.transfer": value})
