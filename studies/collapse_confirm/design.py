@@ -83,10 +83,13 @@ def confirm_labels(chosen: dict) -> list[str]:
 
 
 # Labels whose evaluation points on seeds 0-4 are kept from tier 1 (docs/frontier_sweep/
-# points.csv); stage 1 runs the others (DPH-F's eta 12.5 and 62.5 ran after tier 1, but their
-# points were not kept).
-RAN_IN_TIER1 = tuple(l for f in ("dmpo", "dm_only", "rkl") for l in CANDIDATES[f]) + (
-    "dph_f-eta0.5", "dph_f-eta2.5")
+# points.csv); stage 1 runs the others. A family's labels must share each seed's SFT start
+# (`confirm.seed_targets` refuses otherwise), so a family is taken from tier 1 whole or run
+# whole: DPH-F's eta 12.5 and 62.5 points were not kept, and its eta 0.5 and 2.5 tier-1 runs
+# start elsewhere than stage 1's (seed 0, A+B optimal pass@1: 0.306 in tier 1 on the Xeon,
+# 0.359 at 0f9d454 on the AMD EPYC), so all four run in stage 1 (addendum, 2026-12-06, before
+# any strength was chosen; docs/COLLAPSE.md).
+RAN_IN_TIER1 = tuple(l for f in ("dmpo", "dm_only", "rkl") for l in CANDIDATES[f])
 
 
 def stage1_labels() -> list[str]:

@@ -1,11 +1,14 @@
 """Stage 1 of the confirmatory design (exploratory): one strength per remedy family, by the
 rule fixed in docs/COLLAPSE.md (`design.choose_strength`), printed as a table.
 
-    python -m studies.collapse_confirm.stage1 docs/frontier_sweep/points.csv runs/confirm_explore
+    python -m studies.collapse_confirm.stage1 tier1:docs/frontier_sweep/points.csv \
+        studies/collapse_confirm/stage1/*/points.csv runs/confirm_explore
 
 Each source is a sweep folder (its runs' points/rl<step>.json) or a points.csv written by a
 sweep report (`frontier.point_rows`: one row per label, seed, RL step and set, with the mean
-over instances). Labels found in several sources are refused (one run per label and seed).
+over instances). A source prefixed `tier1:` contributes only the labels stage 1 takes from
+tier 1 (`design.RAN_IN_TIER1`). Labels found in several sources are refused (one run per label
+and seed), and so is a family whose labels do not share a seed's start.
 """
 
 from __future__ import annotations
@@ -43,8 +46,12 @@ def points_from_sweep(out_dir: str) -> dict:
 def load(sources) -> dict:
   merged: dict = {}
   for src in sources:
+    only = design.RAN_IN_TIER1 if src.startswith("tier1:") else None
+    src = src[len("tier1:"):] if only else src
     pts = points_from_csv(src) if src.endswith(".csv") else points_from_sweep(src)
     for label, by_seed in pts.items():
+      if only is not None and label not in only:
+        continue
       by_seed = {s: p for s, p in by_seed.items() if s in design.EXPLORE_SEEDS}
       clash = set(by_seed) & set(merged.get(label, {}))
       if clash:

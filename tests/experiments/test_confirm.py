@@ -117,7 +117,7 @@ def test_design_confirmatory_seeds_are_fresh_and_labels_exist():
     for label in labels:
       assert label in frontier_design.SETTINGS, label
   assert design.REFERENCE in frontier_design.SETTINGS and design.FULL_GRPO in frontier_design.SETTINGS
-  assert len(design.stage1_labels()) == 4 * 13 - len(design.RAN_IN_TIER1) == 38
+  assert len(design.stage1_labels()) == 4 * 13 - len(design.RAN_IN_TIER1) == 40
   # the sweep plan of stage 2 holds no exploration seed
   chosen = {f: labels[0] for f, labels in design.CANDIDATES.items()}
   base = sweep.load_config("configs/collapse.py", smoke=True)
