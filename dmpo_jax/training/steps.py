@@ -282,9 +282,10 @@ def accumulate(value_and_grad, params, batch, micro_batches: int, frozen=None):
     return jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, out), None
 
   total, _ = jax.lax.scan(body, zeros, split)
-  aux, grads = jax.tree.map(lambda x: x / micro_batches, total)
+  mean = jax.tree.map(lambda x: x / micro_batches, total)
   if frozen is None:
-    return aux, grads
+    return mean
+  aux, grads = mean
   full = lambda g: jax.tree_util.tree_map_with_path(
       lambda path, x, p: jnp.zeros(p.shape, x.dtype) if frozen(path) else x, g, params)
   return aux, (tuple(map(full, grads)) if isinstance(grads, tuple) else full(grads))
