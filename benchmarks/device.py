@@ -13,6 +13,9 @@ TPU it builds Qwen2.5-0.5B- and 1.5B-shaped models in bfloat16 and measures:
 - update: the RL update's model FLOP utilisation (6 x params x tokens plus
   attention, over the datasheet bf16 peak) and its peak memory against
   `dmpo_jax.parallel.plan`'s prediction for the same shapes;
+- update_lora: the same update with LoRA adapters (rank 64, alpha 128, every
+  projection; the base frozen, `models/lora.py`) on the 1.5B shape, against the
+  planner's LoRA prediction;
 - attention: forward + backward of every attention core the backend has, on
   the 0.5B shape.
 
@@ -38,7 +41,8 @@ from dmpo_jax import sampling
 from dmpo_jax.parallel import plan
 from dmpo_jax.training import steps
 from dmpo_jax.models import attention
-from dmpo_jax.models.config import ModelConfig
+from dmpo_jax.models import lora as lora_lib
+from dmpo_jax.models.config import LoRAConfig, ModelConfig
 from dmpo_jax.models.transformer import Transformer
 
 # Datasheet dense bf16 FLOP/s and HBM bytes/s, matched against jax's device_kind.
@@ -104,23 +108,30 @@ def rollout(shape: str, dtype: str, w: dict, reps: int) -> dict:
           "fraction_of_bound": bound and round(tps / bound, 4)}
 
 
-def update(shape: str, dtype: str, w: dict, reps: int, attn: str = "auto") -> dict:
+def update(shape: str, dtype: str, w: dict, reps: int, attn: str = "auto",
+           lora_rank: int = 0) -> dict:
   """One RL update (log-probs, a policy-gradient loss, AdamW on float32 master weights, bf16
-  compute): MFU over the datasheet peak and peak memory vs the planner."""
+  compute): MFU over the datasheet peak and peak memory vs the planner. lora_rank > 0: LoRA
+  adapters on every projection, the base frozen (no base gradient, no AdamW state for it);
+  the MFU still counts the full model's 6 x params x tokens, as the forward and the
+  activation gradients run through every layer (the base's weight gradients do not)."""
   model = _model(shape, dtype, param_dtype="float32", attention=attn)
+  if lora_rank:
+    lora_lib.attach(model, LoRAConfig(rank=lora_rank, alpha=2.0 * lora_rank), jax.random.key(0))
   cfg = model.cfg
-  graphdef, params = nnx.split(model)
+  graphdef, state = nnx.split(model)
+  params = {"model": state}
   rows, p, t = w["update_rows"], w["prompt_len"], w["new_tokens"]
   rs = np.random.RandomState(1)
   seqs = {"tokens": jnp.asarray(rs.randint(3, cfg.vocab_size, (rows, p + t)), jnp.int32),
           "prompt_mask": jnp.ones((rows, p), jnp.int32)}
   adv = jnp.asarray(rs.randn(rows, 1), jnp.float32)
   logprob_fn = steps.make_logprob_fn(graphdef, p, entropy=False)
-  opt = optax.adamw(1e-6)
+  opt = steps.make_optimizer(1e-6, 100, 0, 1.0, lora=True) if lora_rank else optax.adamw(1e-6)
   opt_state = opt.init(params)
 
   def step(params, opt_state):
-    loss = lambda prm: -jnp.mean(logprob_fn({"model": prm}, seqs)["logprobs"] * adv)
+    loss = lambda prm: -jnp.mean(logprob_fn(prm, seqs)["logprobs"] * adv)
     value, grads = jax.value_and_grad(loss)(params)
     updates, opt_state = opt.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, value
@@ -141,6 +152,8 @@ def update(shape: str, dtype: str, w: dict, reps: int, attn: str = "auto") -> di
                                                         new_tokens=t, backend=jax.default_backend()))
   measured = stats.get("peak_bytes_in_use")
   return {"shape": shape, "rows": rows, "tokens": rows * seq, "seconds": round(best, 3),
+          "lora_rank": lora_rank, "trained_params": (lora_lib.count(params) if lora_rank
+                                                     else cfg.num_params()),
           "first_call_s": round(first, 1), "attention": attention.resolve(cfg.attention, cfg.dtype),
           "model_tflops_per_s": round(flops / best / 1e12, 3),
           "mfu": peak and round(flops / best / peak, 4), "peak_bytes": measured,
@@ -189,6 +202,8 @@ def main(argv=None):
                      "peak_flops": peak, "hbm_bytes_per_s": hbm, "workload": w, "dtype": dtype}}
   plan_ = [(f"rollout_{s}", lambda s=s: rollout(s, dtype, w, args.reps)) for s in shapes]
   plan_ += [(f"update_{s}", lambda s=s: update(s, dtype, w, args.reps)) for s in shapes]
+  plan_ += [(f"update_lora_{shapes[-1]}", lambda: update(shapes[-1], dtype, w, args.reps,
+                                                          lora_rank=4 if tiny else 64))]
   plan_ += [(f"attention_{shapes[0]}", lambda: attention_sweep(shapes[0], dtype, w, args.reps))]
   for name, fn in [("env", lambda: results["env"])] + plan_:
     try:

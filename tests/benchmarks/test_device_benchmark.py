@@ -34,10 +34,14 @@ def test_device_benchmark_tiny_case_from_source_tree(tmp_path):
   lines = run.stdout.strip().splitlines()
   assert json.loads(lines[-1].split("IMPORTED ", 1)[1]) == []
   last = json.loads(lines[-2])  # the benchmark's last line: every section
-  for name in ("env", "rollout_tiny", "update_tiny", "attention_tiny"):
+  for name in ("env", "rollout_tiny", "update_tiny", "update_lora_tiny", "attention_tiny"):
     on_disk = json.loads((tmp_path / f"{name}.json").read_text())
     assert on_disk == last[name]
     assert "error" not in on_disk, on_disk
   assert last["rollout_tiny"]["tokens_per_s"] > 0
   assert last["update_tiny"]["planned_update_peak_bytes"] > 0
+  full, lora = last["update_tiny"], last["update_lora_tiny"]
+  assert (full["lora_rank"], lora["lora_rank"]) == (0, 4)
+  assert 0 < lora["trained_params"] < full["trained_params"] / 4  # the adapters alone train
+  assert 0 < lora["planned_update_peak_bytes"] < full["planned_update_peak_bytes"]
   assert set(last["attention_tiny"]["cores"]) == {"reference", "xla"}
