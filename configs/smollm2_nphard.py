@@ -89,7 +89,8 @@ def get_config(arg: str | None = None):
                 batch_prompts=10)
   c.eval.zero_shot = True
   # Transfer tasks (reasoning-gym, docs/GYM.md), scored at each of the three evaluations: the
-  # pair is chosen by measurement (studies/gym_transfer); none until then.
+  # pair is chosen by measurement (studies/gym_transfer/README.md); none qualifies yet: after
+  # the 40 SFT steps every answer is an NP index list, at default and easiest configs alike.
   c.eval.transfer = ""
   # Distinct optima and pass@k with correct = optimal: each instance's optima enumerated
   # (complete enumerations of 1..64 optima are kept, nearly every `tiny` instance; tasks

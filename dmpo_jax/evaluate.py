@@ -79,11 +79,13 @@ flags.DEFINE_string("hf", None, "a local Hugging Face model folder")
 flags.DEFINE_string("out", None, "output folder")
 flags.DEFINE_string("tasks", "all", "comma-separated task keys or 'all'")
 flags.DEFINE_list("gym", None, "reasoning-gym tasks to score (transfer evaluation; docs/GYM.md), e.g. "
-                  "countdown,graph_color: held-out instances of each, with the task's default config, "
-                  "in place of the NP tasks unless --tasks is given too. Alone, it scores them as a "
-                  "training run's transfer tasks (training/transfer.py): eval.json adds \"transfer\" "
-                  "(mean score, full-score pass@k, distinct correct answers per task) and the prompt "
-                  "length is the longest gym prompt's unless --max_prompt_len is given")
+                  "countdown,chain_sum:min_terms=2:max_terms=2: held-out instances of each, with the "
+                  "task's default config or the fields after its name (':'-separated, data/gym.py "
+                  "parse_key), in place of the NP tasks unless --tasks is given too. Alone, it "
+                  "scores them as a training run's transfer tasks (training/transfer.py): eval.json "
+                  "adds \"transfer\" (mean score, full-score pass@k, distinct correct answers per "
+                  "task) and \"task_configs\", and the prompt length is the longest gym prompt's "
+                  "unless --max_prompt_len is given")
 flags.DEFINE_string("level", None, "level (default: the workdir's, else easy)")
 flags.DEFINE_integer("num", 12, "instances per task")
 flags.DEFINE_string("npbench_file", None, "score an NP-Bench file (NP_Bench.json, JSON list or JSONL) "
@@ -138,9 +140,14 @@ def check_flags() -> dict | None:
     raise app.UsageError(f"--tasks: unknown task(s) {unknown}; choose 'all' or keys of {tasks_lib.names()}")
   if FLAGS.gym:
     from dmpo_jax.data import gym
-    bad = [n for n in FLAGS.gym if n not in gym.wrapped()]
+    bad = [n for n in FLAGS.gym if gym.task_name(gym.PREFIX + n) not in gym.wrapped()]
     if bad:
       raise app.UsageError(f"--gym: {bad} not wrapped; choose from {gym.wrapped()}")
+    for n in FLAGS.gym:  # each task's fields, and its dataset built, before the model loads
+      try:
+        gym.register_keys([gym.PREFIX + n])
+      except (ImportError, ValueError) as e:
+        raise app.UsageError(f"--gym={n}: {e}") from None
     if FLAGS.npbench_file:
       raise app.UsageError("--gym and --npbench_file score different instances; give one")
   if FLAGS.skip_invalid and not FLAGS.npbench_file:
@@ -372,8 +379,8 @@ def run(loaded: dict | None = None):
 
 
 def eval_task_keys() -> list[str]:
-  """The generated instances' task keys: --tasks (NP tasks), or the --gym tasks ("gym-<name>",
-  registered here), or both when --tasks is given explicitly beside --gym."""
+  """The generated instances' task keys: --tasks (NP tasks), or the --gym tasks ("gym-<name>"
+  with the fields given, registered here), or both when --tasks is given explicitly beside --gym."""
   np_keys = tasks_lib.names() if FLAGS.tasks == "all" else FLAGS.tasks.split(",")
   np_keys = [k for k in np_keys if not k.startswith("gym-")]
   if not FLAGS.gym:

@@ -2,12 +2,14 @@
 
     from dmpo_jax.data import gym
     task = gym.domain("countdown", size=10_000, seed=0, min_numbers=3, max_numbers=4)
-    # now config.tasks = "gym-countdown" trains and evaluates it like an NP-Bench task
+    task.key  # "gym-countdown:min_numbers=3:max_numbers=4": config.tasks trains it by that key
 
 `domain(name, **cfg)` builds reasoning-gym's dataset `name` with cfg (size, seed and the
 dataset's own difficulty fields), wraps it as a `Task` and registers it with
-dmpo_jax.data.domain under the key "gym-<name>" (or `key=`); it is all a command line needs.
-reasoning-gym (the "gym" extra) is imported only here, when a domain is built.
+dmpo_jax.data.domain under the key "gym-<name>" plus its fields (or `key=`). A key spells
+its config, "gym-<name>:<field>=<value>:...", so a command line needs nothing else
+(`register_keys`), and two configs of one task are two keys. reasoning-gym (the "gym" extra)
+is imported only here, when a domain is built or a key's fields are checked.
 
 How the optimisation-task interface reads a task with a score in [0, 1]:
 
@@ -29,9 +31,12 @@ How the optimisation-task interface reads a task with a score in [0, 1]:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib
 import json
+import math
 import types
+import typing
 import warnings
 
 from dmpo_jax.data import domain as domain_lib
@@ -83,6 +88,11 @@ class GymTask(domain_lib.Task):
     self.dataset = dataset
     self.size = int(config["size"])
     self._instances: collections.OrderedDict = collections.OrderedDict()
+
+  def settings(self) -> dict:
+    """The dataset's whole config (every field, defaults included) as JSON values: what a
+    results file records of the task."""
+    return json.loads(json.dumps({"task": self.name, **dataclasses.asdict(self.dataset.config)}))
 
   def instance(self, index: int) -> dict:
     """The instance of the dataset's item `index` (its reference checked to score 1)."""
@@ -168,9 +178,10 @@ class GymTask(domain_lib.Task):
 
 def domain(name: str, *, key: str | None = None, size: int = 10_000, seed: int = 0, **kwargs) -> GymTask:
   """Register reasoning-gym's dataset `name` (size, seed, its own config fields as kwargs) as
-  a domain under `key` (default "gym-<name>") and return it. The same call again returns the
-  registered task; a key taken by another task or config is refused, and so is a task name
-  without a safe scorer (`wrapped()`)."""
+  a domain under `key` (default `key_of(name, kwargs)`: "gym-<name>" plus the fields) and
+  return it. The same call again returns the registered task; a key taken by another task or
+  config is refused, so is a key that spells other fields than kwargs, a config the dataset
+  refuses or fails to generate from, and a task name without a safe scorer (`wrapped()`)."""
   if name not in SCORERS:
     raise ValueError(f"reasoning-gym task {name!r} is not wrapped (its scorer is not re-implemented "
                      f"safely here); wrapped: {', '.join(wrapped())}")
@@ -178,7 +189,10 @@ def domain(name: str, *, key: str | None = None, size: int = 10_000, seed: int =
     raise ValueError(f"gym {name}: size={size!r} must be an int >= 1")
   if not isinstance(seed, int) or isinstance(seed, bool):
     raise ValueError(f"gym {name}: seed={seed!r} must be an int")
-  key = key or f"gym-{name}"
+  key = key or key_of(name, kwargs)
+  if key.startswith(PREFIX) and SEP in key and parse_key(key) != (name, kwargs):
+    # a key that spells a config is that config, whoever registers it
+    raise ValueError(f"gym key {key!r} spells another config than {name} {kwargs}; pass another key=")
   config = {"size": size, "seed": seed, **kwargs}
   if key in domain_lib.names():
     task = domain_lib.get(key)
@@ -189,17 +203,114 @@ def domain(name: str, *, key: str | None = None, size: int = 10_000, seed: int =
   try:
     dataset = rg.create_dataset(name, size=size, seed=seed, **kwargs)
   except (TypeError, ValueError, AssertionError, KeyError) as e:
-    raise ValueError(f"gym {name}: bad config {kwargs} ({type(e).__name__}: {e})") from None
-  return domain_lib.register(GymTask(name, key, config, dataset, SCORERS[name]))
+    raise ValueError(f"{key!r}: gym {name}: bad config {kwargs} ({type(e).__name__}: {e})") from None
+  task = GymTask(name, key, config, dataset, SCORERS[name])
+  if kwargs:  # a config the generator fails on is refused here, not at the first evaluation
+    try:
+      task.instance(0)
+    except (TypeError, ValueError, AssertionError, KeyError, IndexError, ZeroDivisionError) as e:
+      raise ValueError(f"{key!r}: gym {name}: bad config {kwargs}: its first item fails "
+                       f"({type(e).__name__}: {e})") from None
+  return domain_lib.register(task)
 
 
 PREFIX = "gym-"
+# Between a key's task name and each config field: "gym-chain_sum:min_terms=2:max_terms=2". Not
+# "," or "+", which separate the keys of config.tasks, config.eval.transfer and --gym, and
+# nothing a shell reads.
+SEP = ":"
+SETTABLE = (int, float, bool, str)  # field types a key can spell (no lists or tuples)
+
+
+def task_name(key: str) -> str:
+  """The reasoning-gym task name of "gym-<name>[:<field>=<value>...]" (no import, no checks)."""
+  return key[len(PREFIX):].split(SEP, 1)[0] if key.startswith(PREFIX) else key
+
+
+def key_of(name: str, fields: dict) -> str:
+  """The key that spells `fields` of task `name`: "gym-<name>:<field>=<value>:..." in the
+  given order; "gym-<name>" without fields."""
+  return PREFIX + name + "".join(f"{SEP}{f}={_text(v)}" for f, v in fields.items())
+
+
+def _text(v) -> str:
+  return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def config_fields(name: str) -> dict:
+  """{field: type} of task `name`'s reasoning-gym config dataclass, but size and seed (those
+  are `domain`'s arguments, the same for every key)."""
+  config_cls = reasoning_gym().factory.DATASETS[name][1]
+  hints = typing.get_type_hints(config_cls)
+  return {f.name: hints[f.name] for f in dataclasses.fields(config_cls)
+          if f.name not in ("size", "seed")}
+
+
+def parse_key(key: str) -> tuple[str, dict]:
+  """(task name, {field: value}) of "gym-<name>:<field>=<value>:...": each field one of the
+  task's reasoning-gym config fields, once, with a value of its type (int, float, true/false,
+  a string; one of the choices of a Literal field). A ValueError names the key, the task and
+  the field; the dataset's own checks (`validate()`) run when `domain` builds it."""
+  if not key.startswith(PREFIX):
+    raise ValueError(f"{key!r} is not a reasoning-gym key "
+                     f"(\"{PREFIX}<name>[{SEP}<field>=<value>...]\")")
+  name, *parts = key[len(PREFIX):].split(SEP)
+  if name not in SCORERS:
+    raise ValueError(f"{key!r}: reasoning-gym task {name!r} is not wrapped (its scorer is not "
+                     f"re-implemented safely here); wrapped: {', '.join(wrapped())}")
+  if not parts:
+    return name, {}
+  known = config_fields(name)
+  fields = {}
+  for part in parts:
+    field, eq, text = part.partition("=")
+    field, text = field.strip(), text.strip()
+    where = f"{key!r}: {name} field {field!r}"
+    if not eq or not field or not text:
+      raise ValueError(f"{key!r}: {part!r} is not <field>=<value> (fields are separated by {SEP!r})")
+    if field not in known:
+      why = ("is gym.domain's argument, not settable in a key" if field in ("size", "seed")
+             else "is unknown")
+      raise ValueError(f"{where} {why}; its fields: {', '.join(known)}")
+    if field in fields:
+      raise ValueError(f"{where} is given twice")
+    fields[field] = _value(f"{key!r}: {name} field {field}", known[field], text)
+  return name, fields
+
+
+def _value(where: str, hint, text: str):
+  """`text` as a value of the config field type `hint`, or a ValueError naming the field."""
+  args = [a for a in typing.get_args(hint) if a is not type(None)]
+  if typing.get_origin(hint) is typing.Union and len(args) == 1:  # Optional[X]
+    hint = args[0]
+  if typing.get_origin(hint) is typing.Literal:
+    for choice in typing.get_args(hint):
+      if _text(choice) == text:
+        return choice
+    raise ValueError(f"{where}={text!r}: choose one of {[_text(c) for c in typing.get_args(hint)]}")
+  if hint not in SETTABLE:
+    raise ValueError(f"{where} ({getattr(hint, '__name__', hint)}) cannot be set in a key: only "
+                     "int, float, bool and string fields can")
+  if hint is bool:
+    if text.lower() not in ("true", "false"):
+      raise ValueError(f"{where}={text!r}: expected true or false")
+    return text.lower() == "true"
+  try:
+    value = hint(text)
+  except ValueError:
+    want = "an int" if hint is int else "a " + hint.__name__
+    raise ValueError(f"{where}={text!r}: expected {want}") from None
+  if hint is float and not math.isfinite(value):
+    raise ValueError(f"{where}={text!r}: expected a finite number")
+  return value
 
 
 def register_keys(keys) -> None:
-  """Register, with its default config, every "gym-<name>" key among `keys` that is not a
-  registered task yet, so that config.tasks="gym-countdown" (or evaluate --gym=countdown)
-  works from the command line; other keys are left to the caller's checks."""
+  """Register every "gym-<name>[:<field>=<value>...]" key among `keys` (`parse_key`) that is not
+  a registered task yet, with its fields over the task's default config, so that
+  config.tasks="gym-countdown" (or evaluate --gym=chain_sum:max_terms=2) works from the command
+  line; other keys are left to the caller's checks. A ValueError names the key and field."""
   for key in keys:
-    if key.startswith(PREFIX) and key not in domain_lib.names():
-      domain(key[len(PREFIX):])
+    if key.startswith(PREFIX) and (SEP in key or key not in domain_lib.names()):
+      name, fields = parse_key(key)
+      domain(name, key=key, **fields)  # a registered key of these fields: returned as it is

@@ -1,6 +1,7 @@
 """Transfer evaluation on reasoning-gym tasks (docs/GYM.md, "Transfer evaluation").
 
-A training config lists reasoning-gym tasks (`config.eval.transfer = "gym-countdown,gym-graph_color"`)
+A training config lists reasoning-gym tasks (`config.eval.transfer = "gym-countdown,gym-graph_color"`;
+a task's config fields follow its name, `"gym-chain_sum:min_terms=2:max_terms=2"`, gym.parse_key)
 that the run never trains on; the policy is scored on held-out instances of each before RL
 and after RL (and before SFT with `config.eval.zero_shot`), beside NP-Bench's evaluation:
 eval_transfer_{name}.json in the workdir, and results.json's "transfer". The same scoring
@@ -61,7 +62,8 @@ class TransferSpec:
 # ---------------------------------------------------------------------------
 # The config field.
 def parse(value) -> tuple[str, ...]:
-  """config.eval.transfer -> task keys: "" (none), "gym-a,gym-b" (or "+"), or a list."""
+  """config.eval.transfer -> task keys: "" (none), "gym-a,gym-b:field=value:field=value" (or
+  "+" between keys), or a list."""
   parts = value.replace("+", ",").split(",") if isinstance(value, str) else list(value)
   return tuple(p.strip() for p in parts if str(p).strip())
 
@@ -71,21 +73,26 @@ def choices() -> list[str]:
 
 
 def unknown(value) -> list[str]:
-  """The keys of config.eval.transfer that are not wrapped reasoning-gym tasks."""
-  return [k for k in parse(value) if not k.startswith(gym.PREFIX) or k[len(gym.PREFIX):] not in gym.wrapped()]
+  """The keys of config.eval.transfer that are not wrapped reasoning-gym tasks (by name; the
+  fields of a key are checked by `config_error`)."""
+  return [k for k in parse(value)
+          if not k.startswith(gym.PREFIX) or gym.task_name(k) not in gym.wrapped()]
 
 
 class Allowed:
   """What config.eval.transfer may hold, in words (the schema's message)."""
 
   def __str__(self):
-    return f"'' (none) or comma-separated reasoning-gym task keys of {choices()}"
+    return (f"'' (none) or comma-separated reasoning-gym task keys of {choices()}, each with "
+            f"optional config fields ('gym-chain_sum{gym.SEP}min_terms=2{gym.SEP}max_terms=2')")
 
 
 def config_error(value, train_keys=(), style: str = "compact") -> str | None:
   """Why config.eval.transfer=value cannot run (one line naming the field), or None. Its
-  keys must be wrapped reasoning-gym tasks ("gym-<name>", registered here with their default
-  config), each named once, none a training task (config.tasks), with a text prompt style."""
+  keys must be wrapped reasoning-gym tasks ("gym-<name>[:<field>=<value>...]", registered here:
+  unknown fields and bad values are refused, gym.parse_key), each config named once, no task
+  trained on (config.tasks, at any config: the held-out instances would not be disjoint from
+  the trained ones), with a text prompt style."""
   keys = parse(value)
   if not keys:
     return None
@@ -107,7 +114,25 @@ def config_error(value, train_keys=(), style: str = "compact") -> str | None:
     gym.register_keys(keys)
   except (ImportError, ValueError) as e:
     return f"{FIELD}={value!r}: {e}"
+  tasks = {k: domain.get(k) for k in keys}
+  configs = task_configs(keys)  # whole configs: "gym-chain_sum" is "gym-chain_sum:min_terms=2"
+  same = next((ks for ks in ([k for k in keys if configs[k] == c] for c in configs.values())
+               if len(ks) > 1), None)
+  if same:
+    return f"{FIELD}={value!r}: {same} are one config of one task; name it once"
+  trained = {t.name: k for k in train_keys if k in domain.names()
+             for t in [domain.get(k)] if isinstance(t, gym.GymTask)}
+  other = [k for k in keys if tasks[k].name in trained]
+  if other:
+    return (f"{FIELD}={value!r}: {other} are reasoning-gym tasks trained on at another config "
+            f"({[trained[tasks[k].name] for k in other]} in config.tasks); transfer tasks are ones "
+            "the run does not train on, at any config (their held-out instances could be trained on)")
   return None
+
+
+def task_configs(keys) -> dict:
+  """{key: the task's whole reasoning-gym config} (GymTask.settings): what the results record."""
+  return {k: domain.get(k).settings() for k in keys if isinstance(domain.get(k), gym.GymTask)}
 
 
 # ---------------------------------------------------------------------------
@@ -142,6 +167,7 @@ def score(sample_fn, encoder, items, **kw) -> dict:
   res = evaluation.evaluate(sample_fn, encoder, items, collapse=FULL_SCORE, **kw)
   res.pop("correct", None)  # per-sample flags: for keep / exploration rates, not kept here
   res["transfer"] = summary(res)
+  res["task_configs"] = task_configs(dict.fromkeys(k for k, _ in items))
   return res
 
 
@@ -220,7 +246,7 @@ class Transfer:
                 ground_truths=gts, progress=spec.progress)
     res["settings"] = {"num_per_task": spec.num_per_task, "samples": spec.samples,
                        "temperature": spec.temperature, "prompt_len": plen,
-                       "max_new_tokens": spec.max_new_tokens}
+                       "max_new_tokens": spec.max_new_tokens, "task_configs": res["task_configs"]}
     res["wall_s"] = time.time() - t0  # the first one includes the sampler's compilation
     if dist.is_main():
       report.write_json(res, self.path(name))

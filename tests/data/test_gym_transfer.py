@@ -204,10 +204,12 @@ def test_transfer_field_is_checked_before_anything_is_written(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_run_scores_transfer_tasks_before_and_after_rl(tmp_path):
-  """A smoke training run with two transfer tasks writes their zero-shot, before-RL and
-  after-RL scores into results.json and eval_transfer_*.json, beside NP-Bench's."""
+  """A smoke training run with two transfer tasks (one with config fields in its key) writes
+  their zero-shot, before-RL and after-RL scores and configs into results.json and
+  eval_transfer_*.json, beside NP-Bench's."""
   from dmpo_jax.training import stages
-  cfg = helpers.smoke(**{"tasks": "subset-sum", "eval.transfer": "gym-countdown,gym-graph_color",
+  color = "gym-graph_color:min_num_vertices=4:max_num_vertices=5"
+  cfg = helpers.smoke(**{"tasks": "subset-sum", "eval.transfer": f"gym-countdown,{color}",
                          "eval.zero_shot": True, "eval.transfer_num_per_task": 2,
                          "eval.transfer_samples": 3, "log.plots": False,
                          "checkpoint.export_hf": False})
@@ -216,10 +218,13 @@ def test_smoke_run_scores_transfer_tasks_before_and_after_rl(tmp_path):
   with open(os.path.join(workdir, "results.json")) as f:
     saved = json.load(f)
   t = saved["transfer"]
-  assert t["tasks"] == ["gym-countdown", "gym-graph_color"]
+  assert t["tasks"] == ["gym-countdown", color]
   assert t["settings"]["num_per_task"] == 2 and t["settings"]["samples"] == 3
+  configs = t["settings"]["task_configs"]
+  assert (configs[color]["min_num_vertices"], configs[color]["max_num_vertices"]) == (4, 5)
+  assert configs["gym-countdown"]["task"] == "countdown"
   for name in ("zero_shot", "before", "after"):
-    assert set(t[name]) == {"gym-countdown", "gym-graph_color"}
+    assert set(t[name]) == {"gym-countdown", color}
     for s in t[name].values():
       assert {"score_mean", "full_rate", "pass_full@1", "pass_full@3", "distinct_correct"} <= set(s)
       assert 0.0 <= s["score_mean"] <= 1.0
@@ -251,3 +256,135 @@ def test_candidates_study_commands_and_table(tmp_path):
   lines = candidates.table(results, ["a", "b"]).splitlines()
   assert lines[2].startswith("| b | p | 0.500 | 0.250 | 0.250 | 0.500 |") and lines[2].endswith("yes |")
   assert lines[3].startswith("| a | p |") and not lines[3].endswith("yes |")
+
+
+# ---------------------------------------------------------------------------
+# A task's config in its key: "gym-<name>:<field>=<value>:..." (gym.parse_key), in
+# config.eval.transfer, evaluate --gym and studies/gym_transfer/candidates.py.
+EASY_SUM = "gym-basic_arithmetic:min_terms=2:max_terms=2:max_digits=1"
+
+
+def test_a_key_spells_a_task_config_and_bad_fields_are_named():
+  assert gym.parse_key("gym-chain_sum") == ("chain_sum", {})
+  name, fields = gym.parse_key("gym-basic_arithmetic:max_terms=2:allow_negation=False:"
+                               "format_style=natural")
+  assert name == "basic_arithmetic" and fields == {"max_terms": 2, "allow_negation": False,
+                                                   "format_style": "natural"}
+  assert type(fields["max_terms"]) is int and fields["allow_negation"] is False
+  assert gym.parse_key("gym-number_sorting:min_value=-5:max_value=5.5")[1] == {"min_value": -5.0,
+                                                                              "max_value": 5.5}
+  for key, words in (("gym-chain_sum:max_termz=2", "chain_sum field 'max_termz' is unknown"),
+                     ("gym-chain_sum:max_terms=two", "chain_sum field max_terms='two': expected an int"),
+                     ("gym-chain_sum:max_terms=2.0", "max_terms='2.0': expected an int"),
+                     ("gym-chain_sum:allow_negation=yes", "allow_negation='yes': expected true or false"),
+                     ("gym-number_sorting:max_value=inf", "max_value='inf': expected a finite number"),
+                     ("gym-basic_arithmetic:format_style=fancy", "format_style='fancy': choose one of"),
+                     ("gym-basic_arithmetic:operators=-", "field operators (list) cannot be set"),
+                     ("gym-chain_sum:size=5", "field 'size' is gym.domain's argument"),
+                     ("gym-chain_sum:max_terms=2:max_terms=3", "field 'max_terms' is given twice"),
+                     ("gym-chain_sum:max_terms", "'max_terms' is not <field>=<value>"),
+                     ("gym-spiral_matrix:n=2", "'spiral_matrix' is not wrapped")):
+    with pytest.raises(ValueError) as e:
+      gym.parse_key(key)
+    assert words in str(e.value) and repr(key) in str(e.value), (key, str(e.value))
+  # config.eval.transfer and --gym name themselves, the task and the field; the dataset's own
+  # validate() (max_terms < min_terms) is refused up front too
+  for value, words in (("gym-countdown,gym-chain_sum:max_termz=2", "chain_sum field 'max_termz'"),
+                       ("gym-chain_sum:min_terms=3:max_terms=2", "max_terms must be >= min_terms")):
+    why = transfer.config_error(value)
+    assert why.startswith(f"config.eval.transfer={value!r}: ") and words in why, why
+  with flagsaver.flagsaver():
+    evaluate.FLAGS(["evaluate", "--gym=countdown,leg_counting:max_animals=99", "--out=unused"])
+    with pytest.raises(app.UsageError, match=r"--gym=leg_counting:max_animals=99: .*max_animals "
+                       r"must be <= number of available animals"):
+      evaluate.check_flags()
+  assert not transfer.unknown("gym-chain_sum:max_terms=2,gym-countdown")
+  assert transfer.unknown("gym-spiral_matrix:n=2") == ["gym-spiral_matrix:n=2"]
+  assert transfer.parse("gym-chain_sum:max_terms=2+gym-countdown") == ("gym-chain_sum:max_terms=2",
+                                                                      "gym-countdown")
+
+
+def test_two_configs_of_one_task_are_two_tasks():
+  """Each config of a task has its own key, task and instance cache; a key never names two
+  configs, and config.eval.transfer refuses one config twice and a task trained at any config."""
+  gym.register_keys(["gym-chain_sum", "gym-chain_sum:max_terms=2:max_digits=1"])
+  full, easy = domain.get("gym-chain_sum"), domain.get("gym-chain_sum:max_terms=2:max_digits=1")
+  assert full is not easy and full.config == {"size": 10_000, "seed": 0}
+  assert easy.config == {"size": 10_000, "seed": 0, "max_terms": 2, "max_digits": 1}
+  assert full.instance(5) != easy.instance(5)
+  assert gym.domain("chain_sum", max_terms=2, max_digits=1) is easy  # its default key is the key
+  assert gym.domain("chain_sum", max_terms=3).key == "gym-chain_sum:max_terms=3"  # the default key
+  with pytest.raises(ValueError, match="spells another config"):
+    gym.domain("chain_sum", key="gym-chain_sum:max_terms=4", max_terms=5)
+  with pytest.raises(ValueError, match="taken"):
+    gym.domain("chain_sum", key="gym-chain_sum", max_terms=5)
+  assert domain.get("gym-chain_sum") is full and full.config == {"size": 10_000, "seed": 0}
+  assert transfer.config_error("gym-chain_sum,gym-chain_sum:max_terms=2:max_digits=1") is None
+  why = transfer.config_error("gym-chain_sum,gym-chain_sum:min_terms=2")  # min_terms' default is 2
+  assert "are one config of one task" in why and "config.eval.transfer" in why
+  why = transfer.config_error("gym-chain_sum:max_terms=2:max_digits=1,gym-countdown", ["gym-chain_sum"])
+  assert "trained on at another config" in why and "['gym-chain_sum'] in config.tasks" in why
+
+
+def test_a_key_config_reaches_the_held_out_instances():
+  """basic_arithmetic with max_terms=2 asks about two one-digit numbers; its default config
+  asks about up to six; the held-out questions of each config are distinct."""
+  import re
+  items, _ = transfer.held_out(["gym-basic_arithmetic", EASY_SUM], 12)
+  terms = {k: [len(re.findall(r"\d+", q["question"])) for kk, q in items if kk == k]
+           for k in ("gym-basic_arithmetic", EASY_SUM)}
+  assert terms[EASY_SUM] == [2] * 12, [q["question"] for k, q in items if k == EASY_SUM]
+  assert max(terms["gym-basic_arithmetic"]) > 2
+  assert all(len(n) == 1 for k, q in items if k == EASY_SUM for n in re.findall(r"\d+", q["question"]))
+  easy = [q["question"] for k, q in items if k == EASY_SUM]
+  assert len(set(easy)) == len(easy)  # content-disjoint by question text
+
+
+def test_transfer_records_each_task_config(tmp_path):
+  """eval_transfer_*.json and results.json's "transfer" settings hold each task's whole
+  reasoning-gym config, and `transfer.score` (evaluate --gym) its task_configs."""
+  keys = (EASY_SUM, "gym-countdown")
+  items, _ = transfer.held_out(keys, 2)
+  tok = CharTokenizer()
+  enc = pipeline.PromptEncoder(tok, "compact", 10**4, False)
+  sample_fn, _ = reference_policy(items, tok, enc, width=128)
+
+  def make_sampler(max_new_tokens):
+    return lambda params, pt, pm, key: (*sample_fn(pt, pm, key), None)
+
+  spec = transfer.TransferSpec(keys=keys, num_per_task=2, samples=2, k=2, pass_ks=(1, 2),
+                               max_new_tokens=128)
+  run = transfer.Transfer(spec, str(tmp_path), tok, "compact", False, rewards.RewardConfig(),
+                          make_sampler)
+  res = run("before", None, jax.random.key(0))
+  cfg = res["settings"]["task_configs"][EASY_SUM]
+  assert cfg["task"] == "basic_arithmetic"
+  assert (cfg["min_terms"], cfg["max_terms"], cfg["max_digits"]) == (2, 2, 1)
+  assert cfg["min_digits"] == 1 and cfg["size"] == 10_000 and cfg["seed"] == 0  # defaults too
+  assert res["settings"]["task_configs"]["gym-countdown"]["max_numbers"] == 6
+  assert res["transfer"][EASY_SUM]["full_rate"] == 1.0
+  saved = json.loads((tmp_path / "eval_transfer_before.json").read_text())
+  assert saved["settings"]["task_configs"] == res["settings"]["task_configs"]
+  assert transfer.results({"before": saved, "after": saved})["settings"]["task_configs"][EASY_SUM] == cfg
+
+
+@pytest.mark.slow  # builds and samples a tiny model
+def test_evaluate_gym_with_config_fields(tmp_path, capsys):
+  """evaluate --gym=<name>:<field>=<value>: scored under that key, its config in eval.json; a bad
+  field is refused before the model loads (the --hf folder does not exist then)."""
+  from dmpo_jax.models import tokenizer as tokenizer_lib
+  code, _, err = helpers.run_evaluate([f"--hf={tmp_path}/none", "--gym=chain_sum:max_terms=x",
+                                       f"--out={tmp_path}/out"], capsys)
+  assert code == 2 and "--gym=chain_sum:max_terms=x: " in err and "max_terms='x': expected an int" in err
+  tok = tokenizer_lib.build(str(tmp_path / "model"))
+  helpers.tiny_hf(str(tmp_path / "model"), vocab=len(tok))
+  spec = "chain_sum:max_terms=2:max_digits=1"
+  code, out, err = helpers.run_evaluate([f"--hf={tmp_path}/model", f"--gym={spec}", "--num=2",
+                                         "--samples=2", "--k=1", "--max_new_tokens=4",
+                                         "--batch_prompts=2", "--style=compact",
+                                         f"--out={tmp_path}/out"], capsys)
+  assert code == 0, err
+  res = json.loads((tmp_path / "out" / "eval.json").read_text())
+  assert set(res["transfer"]) == {"gym-" + spec}
+  cfg = res["task_configs"]["gym-" + spec]
+  assert (cfg["task"], cfg["min_terms"], cfg["max_terms"], cfg["max_digits"]) == ("chain_sum", 2, 2, 1)
