@@ -3,6 +3,8 @@
 - 'reference': our own softmax attention with a hand-written backward
   (`attend`). It serves every call, including decode over a KV cache and the
   prompt prefix shared by a group of samples; the fastest on XLA:CPU.
+  `attend_shared` is its form for the prefix-shared update (completions that
+  read their group's prompt keys once, whatever the configured core).
 - 'xla' / 'cudnn': `jax.nn.dot_product_attention` with that implementation
   (cuDNN flash attention on NVIDIA GPUs: bfloat16 / float16 only). Used where
   the keys are this call's own tokens: the update, scoring and the prefill.
@@ -78,6 +80,79 @@ def _attend_bwd(res, d_out):
 
 
 attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def to_groups(x, prompts: int):
+  """[B, K, Q, X] -> [Bp, K, R*Q, X]: the R = B / Bp adjacent rows of each of Bp groups side by
+  side on the query axis (row i * R + r, query j -> group i, query r * Q + j)."""
+  b, k, q, d = x.shape
+  r = b // prompts
+  return x.reshape(prompts, r, k, q, d).transpose(0, 2, 1, 3, 4).reshape(prompts, k, r * q, d)
+
+
+def from_groups(x, rows: int):
+  """[Bp, K, R*Q, X] -> [B, K, Q, X], the inverse of `to_groups` (B = rows)."""
+  bp, k, rq, d = x.shape
+  r = rows // bp
+  return x.reshape(bp, k, r, rq // r, d).transpose(0, 2, 1, 3, 4).reshape(rows, k, rq // r, d)
+
+
+@jax.custom_vjp
+def attend_shared(q, k, v, mask, pk, pv, pmask):
+  """`attend` over a shared prefix and the rows' own keys: one softmax over [prefix | own].
+
+  q [B, K, Q, H], own k [B, K, H, S], v [B, K, S, H], mask [B or 1, 1, Q, S] bool; the prefix
+  pk [Bp, K, H, P], pv [Bp, K, P, H], pmask [Bp, 1, 1, P] bool is read by the R = B / Bp
+  adjacent rows of each group (row i * R + r reads prefix i) -> [B, K, Q, H].
+
+  The prefix is never repeated R times: its logits are one dot of the group's R*Q queries
+  (`to_groups`) against its P keys, [Bp, K, R*Q, P]; only the row statistics (max, sum) and
+  the outputs move between the two layouts. The backward (as `attend`'s) contracts the
+  prefix's key and value gradients over the R*Q queries, i.e. sums them over the group.
+  """
+  return _attend_shared_fwd(q, k, v, mask, pk, pv, pmask)[0]
+
+
+def _attend_shared_fwd(q, k, v, mask, pk, pv, pmask):
+  f32, scale = jnp.float32, q.shape[-1] ** -0.5
+  b, bp = q.shape[0], pk.shape[0]
+  logits = jnp.einsum("bkqh,bkhs->bkqs", q, k, preferred_element_type=f32)
+  logits = jnp.where(mask, logits * scale, NEG_INF)  # [B, K, Q, S]
+  plogits = jnp.einsum("bkqh,bkhs->bkqs", to_groups(q, bp), pk, preferred_element_type=f32)
+  plogits = jnp.where(pmask, plogits * scale, NEG_INF)  # [Bp, K, R*Q, P]
+  m = jnp.maximum(jnp.max(logits, -1, keepdims=True),
+                  from_groups(jnp.max(plogits, -1, keepdims=True), b))  # [B, K, Q, 1]
+  e, pe = jnp.exp(logits - m), jnp.exp(plogits - to_groups(m, bp))
+  z = jnp.sum(e, -1, keepdims=True) + from_groups(jnp.sum(pe, -1, keepdims=True), b)
+  probs, pprobs = e / z, pe / to_groups(z, bp)  # float32
+  out = (jnp.einsum("bkqs,bksh->bkqh", probs.astype(q.dtype), v, preferred_element_type=f32)
+         + from_groups(jnp.einsum("bkqs,bksh->bkqh", pprobs.astype(q.dtype), pv,
+                                  preferred_element_type=f32), b)).astype(q.dtype)
+  return out, (q, k, v, mask, pk, pv, pmask, probs, pprobs, out)
+
+
+def _attend_shared_bwd(res, d_out):
+  q, k, v, mask, pk, pv, pmask, probs, pprobs, out = res
+  dt, f32, scale = q.dtype, jnp.float32, q.shape[-1] ** -0.5
+  b, bp = q.shape[0], pk.shape[0]
+  gd_out, gq = to_groups(d_out, bp), to_groups(q, bp)
+  delta = jnp.sum(d_out.astype(f32) * out.astype(f32), axis=-1, keepdims=True)  # [B, K, Q, 1]
+  d_v = jnp.einsum("bkqs,bkqh->bksh", probs.astype(dt), d_out)
+  d_pv = jnp.einsum("bkqs,bkqh->bksh", pprobs.astype(dt), gd_out)  # summed over the group
+  d_probs = jnp.einsum("bkqh,bksh->bkqs", d_out, v, preferred_element_type=f32)
+  d_pprobs = jnp.einsum("bkqh,bksh->bkqs", gd_out, pv, preferred_element_type=f32)
+  d_logits = jnp.where(mask, probs * (d_probs - delta) * scale, 0.0).astype(dt)
+  d_plogits = jnp.where(pmask, pprobs * (d_pprobs - to_groups(delta, bp)) * scale,
+                        0.0).astype(dt)
+  d_q = (jnp.einsum("bkqs,bkhs->bkqh", d_logits, k, preferred_element_type=f32)
+         + from_groups(jnp.einsum("bkqs,bkhs->bkqh", d_plogits, pk,
+                                  preferred_element_type=f32), b)).astype(dt)
+  d_k = jnp.einsum("bkqh,bkqs->bkhs", q, d_logits)
+  d_pk = jnp.einsum("bkqh,bkqs->bkhs", gq, d_plogits)  # summed over the group
+  return d_q, d_k, d_v, None, d_pk, d_pv, None
+
+
+attend_shared.defvjp(_attend_shared_fwd, _attend_shared_bwd)
 
 
 def grouped_queries(q, num_kv_heads: int):

@@ -163,6 +163,54 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(h, cfg.rms_norm_eps, pd, rngs=rngs)
       self.k_norm = RMSNorm(h, cfg.rms_norm_eps, pd, rngs=rngs)
 
+  def _qkv(self, x, rope_tabs):
+    """Queries [B, L, N, H] and keys [B, L, K, H] (biased, normed, rotated), values [B, L, K, H]."""
+    cfg = self.cfg
+    b, l, _ = x.shape
+    h = cfg.head_dim
+
+    def proj(name, heads):
+      y = project(self, name, x)
+      if cfg.qkv_bias:
+        y = y + getattr(self, name + "_bias")[...].astype(x.dtype)
+      return y.reshape(b, l, heads, h)
+
+    q, kk = proj("q", cfg.num_heads), proj("k", cfg.num_kv_heads)
+    if cfg.qk_norm:
+      q, kk = self.q_norm(q), self.k_norm(kk)
+    return rope(q, rope_tabs), rope(kk, rope_tabs), proj("v", cfg.num_kv_heads)
+
+  def shared(self, xp, xc, tabs_p, tabs_c, mask_p, offsets, fused=False):
+    """Prompts xp [Bp, P, D] and completions xc [B, L, D] that continue them in groups of
+    R = B / Bp adjacent rows -> their attention outputs ([Bp, P, D], [B, L, D]).
+
+    The prompts attend to themselves (mask_p [Bp, P, P], offsets [Bp]; fused: the config's
+    core); each completion token to its prompt's real keys (slots >= offset), read once per
+    group (`attention.attend_shared`), and to its own row's tokens up to itself. With a
+    fused 'xla' / 'cudnn' core the completions go through it instead, over their prompt's
+    keys and values repeated per row (no [L, P + L] probabilities kept)."""
+    cfg = self.cfg
+    bp, p, _ = xp.shape
+    b, l, _ = xc.shape
+    n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    qp, kp, vp = self._qkv(xp, tabs_p)
+    impl = attention.resolve(cfg.attention, xp.dtype)
+    core = attention.core(impl) if fused and impl != "reference" else attention.reference
+    out_p = core(qp, kp, vp, mask_p, offsets).reshape(bp, p, n * h)
+    qc, kc, vc = self._qkv(xc, tabs_c)
+    if fused and impl in ("xla", "cudnn"):
+      rep = lambda t: jnp.repeat(t, b // bp, axis=0)
+      mask = positions_lib.visible(rep(offsets), p + jnp.arange(l), jnp.arange(p + l))  # [B, L, P+L]
+      out_c = attention.core(impl)(qc, jnp.concatenate([rep(kp), kc], 1),
+                                   jnp.concatenate([rep(vp), vc], 1), mask, None)
+      return project(self, "o", out_p), project(self, "o", out_c.reshape(b, l, n * h))
+    causal = attention.grouped_mask(jnp.tril(jnp.ones((1, l, l), bool)), n // k)  # [1, 1, G*L, L]
+    pmask = (jnp.arange(p)[None, :] >= offsets[:, None])[:, None, None, :]  # [Bp, 1, 1, P]
+    out_c = attention.attend_shared(
+        attention.grouped_queries(qc, k), kc.transpose(0, 2, 3, 1), vc.transpose(0, 2, 1, 3),
+        causal, kp.transpose(0, 2, 3, 1), vp.transpose(0, 2, 1, 3), pmask)  # [B, K, G*L, H]
+    return project(self, "o", out_p), project(self, "o", attention.ungrouped(out_c, n))
+
   def __call__(self, x, rope_tabs, mask, layer_cache=None, cache_index=None, offsets=None,
                fused=False):
     """x [B, L, D]; rope_tabs from `rope_tables`; mask [B, L, S] bool (`positions.visible`),
@@ -173,19 +221,7 @@ class Attention(nnx.Module):
     dt = x.dtype
     b, l, _ = x.shape
     n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-
-    def proj(name, heads):
-      y = project(self, name, x)
-      if cfg.qkv_bias:
-        y = y + getattr(self, name + "_bias")[...].astype(dt)
-      return y.reshape(b, l, heads, h)
-
-    q, kk = proj("q", n), proj("k", k)
-    if cfg.qk_norm:
-      q, kk = self.q_norm(q), self.k_norm(kk)
-    q = rope(q, rope_tabs)  # [B, L, N, H]
-    kk = rope(kk, rope_tabs)  # [B, L, K, H]
-    vv = proj("v", k)
+    q, kk, vv = self._qkv(x, rope_tabs)
     impl = attention.resolve(cfg.attention, dt)
     if fused and impl != "reference":
       out = attention.core(impl)(q, kk, vv, mask, offsets).reshape(b, l, n * h)
@@ -289,6 +325,13 @@ class Block(nnx.Module):
     x = x + self.mlp(self.mlp_norm(x))
     return x, new_cache
 
+  def shared(self, xp, xc, *args):
+    """The block on prompts xp [Bp, P, D] and their groups' completions xc [B, L, D]
+    (`Attention.shared`'s args) -> (xp, xc)."""
+    ap, ac = self.attn.shared(self.attn_norm(xp), self.attn_norm(xc), *args)
+    xp, xc = xp + ap, xc + ac
+    return xp + self.mlp(self.mlp_norm(xp)), xc + self.mlp(self.mlp_norm(xc))
+
 
 class Transformer(nnx.Module):
   """Decoder-only LM. `model(tokens)` -> logits [B, L, V] with positions 0..L-1."""
@@ -361,6 +404,39 @@ class Transformer(nnx.Module):
       new_cache.append(c)
     x = self.final_norm(x)
     return x, (None if cache is None else tuple(new_cache))
+
+  def shared_hidden(self, prompts, completions, *, offsets=None):
+    """Final-norm hidden states of prompts [Bp, P] and of the completions [B, L] that continue
+    them in groups of R = B / Bp adjacent rows (row i * R + r continues prompt i):
+    ([Bp, P, D], [B, L, D]), each prompt run once.
+
+    The same numbers (up to float32 rounding) as `hidden` of each row's prompt + completion
+    with the sampler's layout (`positions.sequence_layout`): offsets [Bp] are the prompts'
+    left-pad counts, a completion token in slot P + j has position P + j - offset and sees
+    its prompt's slots offset .. P - 1 and its own slots P .. P + j. Under autodiff the
+    prompt's gradient is the sum over its group. Text only (no embeds, no cache)."""
+    bp, p = prompts.shape
+    b, l = completions.shape
+    if b % bp:
+      raise ValueError(f"{b} completion rows are not groups of the {bp} prompts")
+    dt = as_dtype(self.cfg.dtype)
+    offsets = jnp.zeros((bp,), jnp.int32) if offsets is None else jnp.asarray(offsets, jnp.int32)
+    slots = jnp.arange(p, dtype=jnp.int32)
+    mask_p = positions_lib.visible(offsets, slots, slots)  # [Bp, P, P]
+    tabs_p = rope_tables(positions_lib.slot_positions(offsets, p), self.cfg)
+    tabs_c = rope_tables(positions_lib.slot_positions(jnp.repeat(offsets, b // bp), l, start=p),
+                         self.cfg)
+    # A fused core over the prompt alone, as in `hidden` (Pallas flash: P a multiple of 128).
+    fused = attention.resolve(self.cfg.attention, dt) != "flash" or p % 128 == 0
+    embed = self.embed[...]
+    xp = jnp.take(embed, prompts, axis=0).astype(dt)
+    xc = jnp.take(embed, completions, axis=0).astype(dt)
+    step = lambda lyr, a, c: lyr.shared(a, c, tabs_p, tabs_c, mask_p, offsets, fused)
+    if self.cfg.remat:  # training forward: keep only each layer's inputs
+      step = nnx.remat(step)
+    for layer in self.layers:
+      xp, xc = step(layer, xp, xc)
+    return self.final_norm(xp), self.final_norm(xc)
 
   def unembed_weight(self):
     """The output projection [D, V] (the embedding's transpose when tied)."""

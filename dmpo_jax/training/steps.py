@@ -16,6 +16,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
@@ -27,6 +28,8 @@ from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training.state import TrainState
 
 TRACES: collections.Counter = collections.Counter()  # compilations per step function
+# Traces of `make_logprob_fn`s by (forward, reason): "prefix_shared" or "per_row".
+PATHS: collections.Counter = collections.Counter()
 
 
 def is_vision_param(path) -> bool:
@@ -147,8 +150,9 @@ def sequence_inputs(prompt_mask, completion_len: int):
 
 def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
                     entropy: bool = True, chunk: int | None = None,
-                    freeze_vision: bool = True) -> Callable:
-  """logprob_fn(params, seqs) -> {"logprobs", "entropy"[, "log_z"]}, shapes [..., T].
+                    freeze_vision: bool = True, prefix_shared: bool | None = False,
+                    group_size: int | None = None) -> Callable:
+  """logprob_fn(params, seqs, group_size=None) -> {"logprobs", "entropy"[, "log_z"]}, shapes [..., T].
 
   seqs: {"tokens": [..., P+T] (prompt then completion), "prompt_mask": [..., P]}, and for a
   `Qwen2_5_VL` with image prompts "images": `qwen2_5_vl.prompt_images`' arrays, one per
@@ -158,9 +162,23 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
   logits [B, chunk, V] are made, reduced to log-probs (and entropy) and
   recomputed in the backward pass, so the full [B, T, V] never exists. None:
   whole T on CPU, `auto_chunk(T)` on an accelerator.
-  """
 
-  def fn(params, seqs):
+  prefix_shared: run each group's prompt once (`Transformer.shared_hidden`): its G completions
+  read the prompt's keys and values, and the prompt's gradient is the sum over its group.
+  The groups are the rows of seqs [..., G, P+T] (the rollouts' [prompts, G, .] layout), or of
+  flat seqs [B, P+T] groups of `group_size` adjacent rows ([prompt0 x G, prompt1 x G, ...]);
+  the call's group_size overrides the one given here. The same log-probs as the per-row
+  forward up to float32 rounding; a row whose prompt is not its group's first row's gets NaN
+  log-probs (a layout error must not train silently). False: the per-row forward; None:
+  prefix-shared wherever it applies, per-row otherwise (image prompts, flat seqs without
+  a group size, groups of one, one-token completions); True: prefix-shared or a ValueError.
+  Which forward each trace ran, and why, is counted in `fn.paths` and `PATHS`.
+  """
+  if prefix_shared not in (None, True, False):
+    raise ValueError(f"prefix_shared must be None, True or False, got {prefix_shared!r}")
+  paths = collections.Counter()
+
+  def fn(params, seqs, group_size=group_size):
     tokens, pmask = seqs["tokens"], seqs["prompt_mask"]
     lead, n = tokens.shape[:-1], tokens.shape[-1]
     t = n - prompt_len
@@ -169,23 +187,80 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
     model = nnx.merge(graphdef, lora_lib.freeze_base(params["model"]))  # LoRA: no base gradient
     vl = isinstance(model, qwen2_5_vl.Qwen2_5_VL)
     lm = model.language if vl else model
-    if seqs.get("images") is not None:
-      h = _image_hidden(model, tok, pm, seqs["images"], t, freeze_vision)
-    else:
-      pos, offsets = sequence_inputs(pm, t)
-      h, _ = lm.hidden(tok[:, :-1], pos[:, :-1], offsets=offsets)  # [B, P+T-1, D]
+    path = _forward_path(prefix_shared, seqs, lead, t, group_size)
+    paths[path] += 1
+    PATHS[path] += 1
     c = chunk if chunk is not None else (t if jax.default_backend() == "cpu" else auto_chunk(t))
-    lp, ent = _completion_logprobs(lm.unembed_weight(), h[:, prompt_len - 1:],
-                                   tok[:, prompt_len:], temperature, min(c, t), entropy)
+    if path[0] == "prefix_shared":
+      g = path[2]
+      lp, ent, h_prompt, same = _shared_logprobs(lm, tok, pm, g, prompt_len, temperature,
+                                                 min(c, t), entropy)
+      lp, ent = (jnp.where(same[:, None], x, jnp.nan) for x in (lp, ent))
+    else:
+      if seqs.get("images") is not None:
+        h = _image_hidden(model, tok, pm, seqs["images"], t, freeze_vision)
+      else:
+        pos, offsets = sequence_inputs(pm, t)
+        h, _ = lm.hidden(tok[:, :-1], pos[:, :-1], offsets=offsets)  # [B, P+T-1, D]
+      lp, ent = _completion_logprobs(lm.unembed_weight(), h[:, prompt_len - 1:],
+                                     tok[:, prompt_len:], temperature, min(c, t), entropy)
+      h_prompt, g = h[:, :prompt_len], 1
     out = {"logprobs": lp.reshape(lead + (t,))}
     if entropy:
       out["entropy"] = ent.reshape(lead + (t,))
     if "log_z" in params:
-      lz = flowrl.log_z_head(params["log_z"], h[:, :prompt_len], pm)
-      out["log_z"] = lz.reshape(lead)[..., 0]  # one log Z per prompt: first sample's
+      lz = flowrl.log_z_head(params["log_z"], h_prompt, pm[::g])  # [B / g]
+      out["log_z"] = jnp.repeat(lz, g).reshape(lead)[..., 0]  # one log Z per prompt: first sample's
     return out
 
+  fn.paths = paths
   return fn
+
+
+def _forward_path(prefix_shared, seqs, lead, t: int, group_size):
+  """("prefix_shared", why, G) or ("per_row", why, 1): the forward `make_logprob_fn` runs."""
+  if prefix_shared is False:
+    return ("per_row", "prefix_shared=False", 1)
+  if seqs.get("images") is not None:
+    why = "image prompts (Qwen2.5-VL): the tower's features enter the prompt per row"
+  elif len(lead) > 1 and group_size not in (None, lead[-1]):
+    why = f"group_size={group_size} is not the seqs' group axis ({lead[-1]})"
+  elif len(lead) < 2 and group_size is None:
+    why = "flat seqs [B, P+T] and no group_size"
+  elif t < 2:
+    why = f"a completion of {t} token(s)"
+  else:
+    g = lead[-1] if len(lead) > 1 else group_size
+    rows = int(np.prod(lead))
+    if g < 1 or rows % g:
+      why = f"{rows} rows are not groups of {g}"
+    elif g == 1 and prefix_shared is None:
+      why = "groups of one (nothing to share)"
+    else:
+      return ("prefix_shared", f"{rows // g} prompts x {g}", g)
+  if prefix_shared:
+    raise ValueError(f"prefix_shared=True does not apply: {why}")
+  return ("per_row", why, 1)
+
+
+def _shared_logprobs(lm, tok, pm, g: int, prompt_len: int, temperature: float, chunk: int,
+                     entropy: bool):
+  """`make_logprob_fn`'s prefix-shared forward of rows tok [B, P+T] in groups of g adjacent
+  rows: (log-probs [B, T], entropies [B, T], the prompts' hidden states [B/g, P, D], [B]
+  whether each row's prompt is its group's first row's)."""
+  b, n = tok.shape
+  grouped = tok.reshape(b // g, g, n)
+  prompts, pmask = grouped[:, 0, :prompt_len], pm.reshape(b // g, g, prompt_len)
+  real = pmask[:, :1] != 0  # [B/g, 1, P]: pad slots' ids do not matter
+  same = (jnp.all(pmask == pmask[:, :1], -1)
+          & jnp.all((grouped[..., :prompt_len] == prompts[:, None]) | ~real, -1)).reshape(b)
+  hp, hc = lm.shared_hidden(prompts, tok[:, prompt_len:-1],
+                            offsets=positions.left_pad_offsets(pmask[:, 0]))
+  first = jnp.broadcast_to(hp[:, None, -1:], (b // g, g, 1, hp.shape[-1])).reshape(b, 1, -1)
+  h = jnp.concatenate([first, hc], axis=1)  # [B, T, D]: slot P - 1 predicts the first token
+  lp, ent = _completion_logprobs(lm.unembed_weight(), h, tok[:, prompt_len:], temperature,
+                                 chunk, entropy)
+  return lp, ent, hp, same
 
 
 def _image_hidden(model, tok, pm, images, completion_len: int, freeze_vision: bool):
@@ -304,7 +379,8 @@ def _slim_grads(value_and_grad, frozen):
 
 def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: int,
                  temperature: float, *, shardings=None, chunk: int | None = None,
-                 micro_batches: int = 1, term_grads: bool = False, freeze_vision: bool = True):
+                 micro_batches: int = 1, term_grads: bool = False, freeze_vision: bool = True,
+                 prefix_shared: bool | None = False):
   """(params, opt_state, batch) -> (params, opt_state, metrics).
 
   Image prompts: batch["seqs"]["images"] (see `make_logprob_fn`); the log-probs are
@@ -319,9 +395,12 @@ def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: in
   divergence), and "grad_ratio" = reg_grad_norm / pg_grad_norm (NaN when the policy-gradient
   gradient is 0, e.g. policy_loss="none"). Cost: one forward and three backward passes
   (`term_gradients`) instead of one of each, and two more gradient-sized buffers (summed over
-  micro-batches, so the norms are those of the whole batch's gradients)."""
+  micro-batches, so the norms are those of the whole batch's gradients).
+
+  prefix_shared: `make_logprob_fn`'s, for batch["seqs"] [prompts, G, P+T] (each prompt's G
+  samples; micro-batches slice whole groups); DPH's stored rows (dph_seqs) run per row."""
   logprob_fn = make_logprob_fn(graphdef, prompt_len, temperature=temperature, chunk=chunk,
-                               freeze_vision=freeze_vision)
+                               freeze_vision=freeze_vision, prefix_shared=prefix_shared)
   loss_fn = presets.build_loss(obj_cfg, logprob_fn, reg_loss=term_grads)
   vg = term_gradients(loss_fn) if term_grads else jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -381,18 +460,30 @@ def make_sft_step(graphdef, opt, prompt_len: int, *, shardings=None, freeze_visi
   return _jit(step, shardings)
 
 
-def make_logprob_eval(graphdef, prompt_len: int, temperature: float, *, shardings=None):
-  """Jitted (params, seqs) -> token log-probs (reference log-probs, DPH storage)."""
-  fn = make_logprob_fn(graphdef, prompt_len, temperature=temperature, entropy=False)
+def make_logprob_eval(graphdef, prompt_len: int, temperature: float, *, shardings=None,
+                      prefix_shared: bool | None = False):
+  """(params, seqs, group_size=None) -> token log-probs (reference log-probs, DPH storage),
+  jitted once per group size. prefix_shared and group_size (the rows of flat seqs are groups
+  of group_size adjacent samples of one prompt) as in `make_logprob_fn`."""
+  fn = make_logprob_fn(graphdef, prompt_len, temperature=temperature, entropy=False,
+                       prefix_shared=prefix_shared)
 
-  def run(params, seqs):
-    TRACES["logprobs"] += 1
-    return fn(params, seqs)["logprobs"]
+  jitted = {}  # one compiled function per group size
 
-  if shardings is None:
-    return jax.jit(run)
-  p_sh, data_sh, _ = shardings
-  return jax.jit(run, in_shardings=(p_sh, data_sh), out_shardings=data_sh)
+  def call(params, seqs, group_size=None):
+    if group_size not in jitted:
+      def run(params, seqs):
+        TRACES["logprobs"] += 1
+        return fn(params, seqs, group_size)["logprobs"]
+
+      if shardings is None:
+        jitted[group_size] = jax.jit(run)
+      else:
+        p_sh, data_sh, _ = shardings
+        jitted[group_size] = jax.jit(run, in_shardings=(p_sh, data_sh), out_shardings=data_sh)
+    return jitted[group_size](params, seqs)
+
+  return call
 
 
 def _jit(step, shardings):
