@@ -43,6 +43,7 @@ def run_side(args) -> dict:
   from dmpo_jax.sampling import sampler as sampler_lib
   from dmpo_jax.tasks import rewards as rewards_lib
   from dmpo_jax.training import TrainState, collect_rollouts, steps, update
+  from dmpo_jax.training.rollout import RolloutSpec
 
   P, G, LP, LT = args.prompts, args.samples, args.prompt_len, args.new_tokens
   model, tok = hf.load(args.folder)
@@ -64,12 +65,12 @@ def run_side(args) -> dict:
   update_fn = steps.make_rl_step(graphdef, obj, opt, LP, 1.0, shardings=(p_sh, o_sh, data_sh, rep),
                                  micro_batches=args.micro_batches)
   st = TrainState(params=params, opt_state=opt_state, step=0, key=jax.random.key(0))
+  spec = RolloutSpec(group_size=G, chunks=1, prompt_len=LP, completion_len=LT,
+                     reward_cfg=rewards_lib.RewardConfig(), objective=obj, data_sh=data_sh)
   times = []
   for i in range(1 + args.steps):
     t0 = time.perf_counter()
-    r = collect_rollouts(sample, st.params, items, enc, rng=jax.random.key(i), group_size=G,
-                         chunks=1, reward_cfg=rewards_lib.RewardConfig(), objective=obj,
-                         prompt_len=LP, completion_len=LT, data_sh=data_sh)
+    r = collect_rollouts(sample, st.params, items, enc, spec=spec, rng=jax.random.key(i))
     r.rewards = noisy(r.rewards, i)
     t1 = time.perf_counter()
     st, _ = update(st, r.batch(data_sh), update_fn)

@@ -130,6 +130,7 @@ def main(argv=None):
   from dmpo_jax.tasks import rewards as rewards_lib
   from dmpo_jax.sampling import make_sampler
   from dmpo_jax.training import TrainState, collect_rollouts, update
+  from dmpo_jax.training.rollout import RolloutSpec
   from dmpo_jax.training.steps import auto_micro_batches, make_optimizer
   from sampler import DEFAULT_CONFIG, matmul_rate
 
@@ -155,12 +156,13 @@ def main(argv=None):
                      {id(q): list(row) for (_, q), row in zip(items, prompts)}, len(tok))
   reward_cfg = rewards_lib.RewardConfig()
   objective = presets.objective_config("grpo")  # rollouts: no reward shaping
+  spec = RolloutSpec(group_size=G, chunks=1, prompt_len=LP, completion_len=LT,
+                     reward_cfg=reward_cfg, objective=objective, data_sh=data_sh)
 
   def one_step(update_fn, train_state, i):
     """training.collect_rollouts then training.update, as the RL stage runs them."""
-    rollouts = collect_rollouts(sample, train_state.params, items, enc, rng=jax.random.key(i),
-                                group_size=G, chunks=1, reward_cfg=reward_cfg, objective=objective,
-                                prompt_len=LP, completion_len=LT, data_sh=data_sh)
+    rollouts = collect_rollouts(sample, train_state.params, items, enc, spec=spec,
+                                rng=jax.random.key(i))
     t2 = time.perf_counter()
     rollouts.rewards = rollouts.rewards + rng.normal(0, 0.1, rollouts.rewards.shape).astype(np.float32)
     train_state, _ = update(train_state, rollouts.batch(data_sh), update_fn)

@@ -91,6 +91,7 @@ def run_ours(args) -> dict:
   from dmpo_jax.sampling import make_sampler
   from dmpo_jax.data import pipeline
   from dmpo_jax.training import TrainState, collect_rollouts, steps, update
+  from dmpo_jax.training.rollout import RolloutSpec
   from dmpo_jax.training.steps import make_optimizer
   from sampler import matmul_rate
   from train_step import update_flops
@@ -116,12 +117,12 @@ def run_ours(args) -> dict:
   update_fn = steps.make_rl_step(graphdef, obj, opt, LP, 1.0, shardings=(p_sh, o_sh, data_sh, rep),
                                  micro_batches=args.micro_batches)
   st = TrainState(params=params, opt_state=opt_state, step=0, key=jax.random.key(0))
+  spec = RolloutSpec(group_size=G, chunks=1, prompt_len=LP, completion_len=LT,
+                     reward_cfg=reward_cfg, objective=obj, data_sh=data_sh)
   times = []
   for i in range(1 + args.steps):
     t0 = time.perf_counter()
-    r = collect_rollouts(sample, st.params, items, enc, rng=jax.random.key(i), group_size=G, chunks=1,
-                         reward_cfg=reward_cfg, objective=obj, prompt_len=LP, completion_len=LT,
-                         data_sh=data_sh)
+    r = collect_rollouts(sample, st.params, items, enc, spec=spec, rng=jax.random.key(i))
     r.rewards = noisy(r.rewards, i)
     t1 = time.perf_counter()
     st, m = update(st, r.batch(data_sh), update_fn)

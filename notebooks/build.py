@@ -85,16 +85,15 @@ What the RL stage repeats: collect rollouts (sample G answers per prompt,
 verify them on the host while the device samples, shape the rewards) and
 update on that batch. `setup` restores the trained run's state from its
 workdir."""),
-    new_code_cell(r'''from dmpo_jax.training import collect_rollouts, run as run_lib, steps, update
+    new_code_cell(r'''import dataclasses
+from dmpo_jax.training import collect_rollouts, run as run_lib, steps, update
 run, state = run_lib.setup(cfg, workdir)
 sampler = run.sampler(run.sampling_config(cfg.rl.group_size, cfg.rl.temperature))
 rl_step = steps.make_rl_step(run.graphdef, run.obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
                              shardings=(run.p_sh, run.rl_o_sh, run.data_sh, run.rep))
 items = run.taskset.train("rl", 10_000, cfg.rl.prompts_per_step)   # instances no step has seen
-rollouts = collect_rollouts(sampler, state.params, items, run.encoder, rng=state.rl_key(),
-                            group_size=cfg.rl.group_size, chunks=2, reward_cfg=run.reward_cfg,
-                            objective=run.obj, prompt_len=run.prompt_len,
-                            completion_len=run.completion_len, data_sh=run.data_sh)
+spec = dataclasses.replace(run.rollout_spec(), chunks=2)   # half scored while half samples
+rollouts = collect_rollouts(sampler, state.params, items, run.encoder, spec=spec, rng=state.rl_key())
 state, metrics = update(state, rollouts.batch(run.data_sh), rl_step)
 run.writer.close(); run.ckpt.close()   # nothing saved: the workdir stays as train() left it
 print("rollouts:", {k: round(v, 3) for k, v in rollouts.metrics().items()})

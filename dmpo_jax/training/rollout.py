@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -74,43 +74,53 @@ class Rollouts:
     return out
 
 
-def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *, rng,
-                     group_size: int, chunks: int, reward_cfg, objective, prompt_len: int,
-                     completion_len: int, data_sh, ref_fn: Callable | None = None,
-                     collapse: pipeline.Collapse | None = None,
-                     images: Callable | None = None, rl_step: int = 0,
+@dataclasses.dataclass(frozen=True)
+class RolloutSpec:
+  """What every RL step's rollouts share (made once per run, `Run.rollout_spec`)."""
+  group_size: int                     # G completions of each prompt
+  chunks: int                         # pieces sampled one while the host scores the last
+  prompt_len: int                     # the prompts' padded length (tokens)
+  completion_len: int                 # T
+  reward_cfg: Any                     # the verifier's rewards (`domain.RewardConfig`)
+  objective: presets.ObjectiveConfig  # its shaping fields; what its terms declare
+  data_sh: Any                        # batch rows over the mesh
+  collapse: pipeline.Collapse | None = None  # also score each group's optima (collapse_stats)
+  images: Callable | None = None      # image prompts: images(items, prompt_tokens, prompt_mask)
+
+
+def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *, spec: RolloutSpec,
+                     rng, ref_fn: Callable | None = None, rl_step: int = 0,
                      shaping_state: dict | None = None) -> Rollouts:
-  """Sample, score and shape G = group_size completions of each of `items`.
+  """Sample, score and shape G = spec.group_size completions of each of `items`.
 
   What the objective's terms declare comes with the rollouts: the verifier's correct flag
   (objective.reward="correct"), final-answer ids, a PRNG key per prompt (from `rng`'s
   LOSS_KEY_STREAM), the RL step `rl_step`; shaping_state: the state of a host reward-shaping
-  term (`presets.needs(objective).host_state`), updated in place.
+  term (`presets.needs(spec.objective).host_state`), updated in place.
 
-  images: for image prompts, images(prompt_tokens [P, prompt_len], prompt_mask) -> the
-  prompts' `qwen2_5_vl.prompt_images` arrays (host, one fixed patch budget); they go to the
+  spec.images: for image prompts, images(items, prompt_tokens [P, prompt_len], prompt_mask) ->
+  the prompts' `qwen2_5_vl.prompt_images` arrays (host, one fixed patch budget); they go to the
   sampler, to ref_fn's seqs and to the update's batch (seqs["images"]).
 
   sampler: `sampling.make_sampler`'s; ref_fn(seqs) -> reference log-probs [B, T] (None when the
-  objective reads no reference); objective: the ObjectiveConfig (its shaping fields);
-  collapse: also score each group's optima (`pipeline.collapse_stats`).
+  objective reads no reference).
   """
   t0 = time.time()
-  P, G = len(items), group_size
+  P, G = len(items), spec.group_size
+  prompt_len, completion_len, objective = spec.prompt_len, spec.completion_len, spec.objective
   prompt_tokens, prompt_mask = sampling.pad_prompts([encoder.encode(k, q) for k, q in items],
                                                  prompt_len, encoder.pad)  # [P, prompt_len]
-  vis = None if images is None else images(prompt_tokens, prompt_mask)
+  vis = None if spec.images is None else spec.images(items, prompt_tokens, prompt_mask)
   need = presets.needs(objective)
   needs, host_term = need.batch, need.host_state
   scoring = {"correct": objective.correct if need.correct else None,
              "answers": "answer" in needs or host_term}
   tokens, mask, old_lp, ref_lp, rewards, stats, host_s = _sample_and_score(
-      sampler, params, items, encoder, prompt_tokens, prompt_mask, rng, G, chunks, reward_cfg,
-      ref_fn, collapse, vis, scoring)
+      spec, sampler, params, items, encoder, (prompt_tokens, prompt_mask, vis), rng, ref_fn, scoring)
   pt, pm = np.repeat(prompt_tokens, G, 0), np.repeat(prompt_mask, G, 0)  # each sample's prompt
-  seqs = {"tokens": jnp.concatenate([dist.to_global(pt, data_sh), tokens], 1).reshape(
+  seqs = {"tokens": jnp.concatenate([dist.to_global(pt, spec.data_sh), tokens], 1).reshape(
               P, G, prompt_len + completion_len),
-          "prompt_mask": dist.to_global(pm.reshape(P, G, prompt_len), data_sh)}
+          "prompt_mask": dist.to_global(pm.reshape(P, G, prompt_len), spec.data_sh)}
   t1 = time.time()
   lengths = mask.sum(-1).reshape(P, G)
   completion_mask = mask.reshape(P, G, completion_len)
@@ -137,10 +147,13 @@ def collect_rollouts(sampler, params, items, encoder: pipeline.PromptEncoder, *,
                   images=vis, extras=extras)
 
 
-def _sample_and_score(sampler, params, items, encoder, prompt_tokens, prompt_mask, rng, G,
-                      chunks, reward_cfg, ref_fn, collapse=None, images=None, scoring=None):
-  """The overlapped loop: device tokens [P*G, T], host mask, device old log-probs, device
-  reference log-probs (or None), rewards [P, G], stats, host seconds."""
+def _sample_and_score(spec: RolloutSpec, sampler, params, items, encoder, prompts, rng, ref_fn,
+                      scoring: dict):
+  """The overlapped loop over the padded `prompts` (tokens [P, prompt_len], mask, image inputs
+  or None): device tokens [P*G, T], host mask, device old log-probs, device reference
+  log-probs (or None), rewards [P, G], stats, host seconds."""
+  prompt_tokens, prompt_mask, images = prompts
+  G, chunks = spec.group_size, spec.chunks
   per = len(items) // chunks
   piece = lambda x, c: x[c * per:(c + 1) * per]
   pieces = lambda tree, c: None if tree is None else jax.tree.map(lambda x: piece(x, c), tree)
@@ -164,8 +177,8 @@ def _sample_and_score(sampler, params, items, encoder, prompt_tokens, prompt_mas
     tok_h, mask_h = dist.to_host(tokens), dist.to_host(mask)
     h0 = time.time()
     texts = encoder.texts(tok_h, mask_h)
-    r, st = pipeline.score_groups(piece(items, c), texts, G, reward_cfg, collapse=collapse,
-                                  **(scoring or {}))
+    r, st = pipeline.score_groups(piece(items, c), texts, G, spec.reward_cfg,
+                                  collapse=spec.collapse, **scoring)
     host_s += time.time() - h0
     outs.append((tokens, mask_h, logp, ref, r, st))
   cat = lambda i: jnp.concatenate([o[i] for o in outs])

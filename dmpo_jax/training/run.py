@@ -27,6 +27,7 @@ from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
 from dmpo_jax.training import lock as lock_lib
 from dmpo_jax.training import evaluation, perception, report
+from dmpo_jax.training import rollout as rollout_lib
 from dmpo_jax.training import specs as specs_lib
 from dmpo_jax.training import transfer as transfer_lib
 from dmpo_jax.training.evaluation import EVAL_KEYS
@@ -134,6 +135,16 @@ class Run:
 
   def sampler(self, scfg):
     return sampling.make_sampler(self.graphdef, scfg, self.p_sh, self.data_sh, self.rep)
+
+  def rollout_spec(self) -> rollout_lib.RolloutSpec:
+    """What every RL step's rollouts share (`collect_rollouts`): config.rl's group size and
+    chunks, the lengths, rewards, objective, collapse scoring and image inputs."""
+    rl = self.cfg.rl
+    return rollout_lib.RolloutSpec(
+        group_size=rl.group_size, chunks=rl.rollout_chunks, prompt_len=self.prompt_len,
+        completion_len=self.completion_len, reward_cfg=self.reward_cfg, objective=self.obj,
+        data_sh=self.data_sh, collapse=self.taskset.collapse,
+        images=None if self.vl_cfg is None else self.images)
 
   def held_out_eval(self, name: str, state: TrainState) -> dict:
     """eval_{name}.json: the held-out evaluation of `state`'s policy (evaluation.HeldOut)."""

@@ -138,71 +138,21 @@ def sft_batch(run: Run, step: int) -> dict:
 # ---------------------------------------------------------------------------
 def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   """DPH pre-sampling (dph_* presets), then RL steps; returns (state, stopped)."""
-  cfg, obj = run.cfg, run.obj
-  rl_sampler = run.sampler(run.sampling_config(cfg.rl.group_size, cfg.rl.temperature, cfg.rl.top_p))
-  logprob_eval = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
-                                         shardings=(run.p_sh, run.data_sh, None))
-  store, dph_images = dph_presample(run, state, logprob_eval)
+  cfg = run.cfg
   total = cfg.sft.steps + cfg.rl.steps
+  rl = RLSteps(run, state)
   if state.step >= total:
-    # Resumed at the end (a run killed after its last checkpoint, or one whose last point
-    # file went missing): the point due at this step is computed before the run finishes.
-    if cfg.eval.points and not dist.agree(end_point_done(run, state)):
-      state, _, points = start_policies(run, state)
-      points.maybe(state)
-    return state, False
-  every = term_grads_every(cfg)
-  rl_update, rl_update_terms = (
-      steps.make_rl_step(run.graphdef, obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
-                         shardings=(run.p_sh, run.rl_o_sh, run.data_sh, run.rep),
-                         micro_batches=memory.micro_batches(cfg, obj, run.mesh), term_grads=terms,
-                         **run.vision_opts("rl"))
-      for terms in (False, True))
-  state, reference, points = start_policies(run, state)
-  # `state` is read when ref_fn runs, inside this step's rollouts (before its update): a LoRA
-  # reference is the current params' base (lora.reference_params).
-  ref_fn = ((lambda seqs: logprob_eval(lora.reference_params(reference, state.params), seqs))
-            if reference is not None else None)
+    return end_point(run, state), False
+  state, points = rl.start(state)
   points.maybe(state)
-  consecutive, first_rl = 0, state.step
-  traces0 = {k: steps.TRACES[k] for k in ("rl_update", "rl_update_terms")}
   with multimodal.Prefetch(run.encoder) as prefetch:  # image prompts: the next step's renders
     while state.step < total:
       prefetch.wait()
-      rl_step = state.step - cfg.sft.steps
-      items = dph.rl_items(store, run.taskset, rl_step, cfg.rl.prompts_per_step)
-      rollouts = collect_rollouts(
-          rl_sampler, state.params, items, run.encoder, rng=state.rl_key(),
-          group_size=cfg.rl.group_size, chunks=cfg.rl.rollout_chunks, reward_cfg=run.reward_cfg,
-          objective=obj, prompt_len=run.prompt_len, completion_len=run.completion_len,
-          data_sh=run.data_sh, ref_fn=ref_fn, collapse=run.taskset.collapse, rl_step=rl_step,
-          shaping_state=shaping_state(state, obj),
-          **({} if run.vl_cfg is None else {"images": lambda pt, pm: run.images(items, pt, pm)}))
-      batch = rollouts.batch(run.data_sh)
-      batch.update(dist.tree_to_global(dph.batch_part(store, rl_step, cfg.dph.batch, dph_images),
-                                       run.data_sh))
+      rollouts, batch = rl.collect(state)
       if state.step + 1 < total:
-        prefetch.warm(lambda s=rl_step + 1: dph.rl_items(store, run.taskset, s, cfg.rl.prompts_per_step))
-      t2 = time.time()
-      state, m = update(state, batch, rl_update_terms if every and rl_step % every == 0 else rl_update)
-      update_s = time.time() - t2
-      run.times["rollout"] += rollouts.sample_s
-      run.times["reward"] += rollouts.score_s
-      run.times["update"] += update_s
-      traces = max(steps.TRACES[k] - n for k, n in traces0.items())
-      if cfg.rl.check_recompile and state.step - first_rl >= 2 and traces > 1:
-        raise TrainingError(f"the RL update recompiled ({traces} traces); batch shapes must stay fixed")
-      consecutive = consecutive + 1 if int(m["skipped"]) else 0
-      if consecutive >= cfg.rl.nonfinite_patience:
-        raise TrainingError(
-            f"{consecutive} non-finite losses in a row (at step {state.step}); stopping. The last "
-            f"good checkpoint ({run.ckpt.latest_step()}) is intact. Lower config.rl.lr or check rewards.")
-      row = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
-      row.update(rollouts.metrics(), rollout_s=rollouts.sample_s, reward_s=rollouts.score_s,
-                 update_s=update_s, **run.truncations())
-      run.log(state, "rl", row, total, {"stage": f"rl/{obj.policy_loss}",
-                                        "reward": f"{row['reward_mean']:.3f}",
-                                        "qr": f"{row['qr_mean']:.3f}", "distinct": f"{row['distinct']:.2f}"})
+        prefetch.warm(lambda s=state.step + 1: rl.items(s))
+      state, row = rl.update(state, rollouts, batch)
+      run.log(state, "rl", row, total, rl.progress(row))
       # The point first, then the checkpoint: a checkpoint never exists whose due point is
       # missing (a kill in between redoes the step, and the point file is found done).
       points.maybe(state)
@@ -211,6 +161,88 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
       if run.maybe_stop(state, "rl", stop):
         return state, True
   return state, False
+
+
+class RLSteps:
+  """The parts of an RL step (`rl_stage` loops over them), made once: the sampler, the rollout
+  spec, DPH's store (pre-sampled at construction), then (`start`) the two compiled updates
+  (with and without the terms' gradient norms) and the reference policy. A step is `collect`
+  (the instances, rollouts and batch) then `update` (the update, its checks, the metrics row)."""
+
+  def __init__(self, run: Run, state: TrainState):
+    cfg = run.cfg
+    self.run = run
+    self.sampler = run.sampler(run.sampling_config(cfg.rl.group_size, cfg.rl.temperature,
+                                                   cfg.rl.top_p))
+    self.logprob_eval = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
+                                                shardings=(run.p_sh, run.data_sh, None))
+    self.store, self.dph_images = dph_presample(run, state, self.logprob_eval)
+    self.spec = run.rollout_spec()
+
+  def start(self, state: TrainState):
+    """(state, points): the updates compiled, the reference policy and the evaluation points
+    (`start_policies`); the checks' counters from here."""
+    run, cfg = self.run, self.run.cfg
+    self.every = term_grads_every(cfg)
+    self.updates = tuple(
+        steps.make_rl_step(run.graphdef, run.obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
+                           shardings=(run.p_sh, run.rl_o_sh, run.data_sh, run.rep),
+                           micro_batches=memory.micro_batches(cfg, run.obj, run.mesh),
+                           term_grads=terms, **run.vision_opts("rl"))
+        for terms in (False, True))
+    state, self.reference, points = start_policies(run, state)
+    self.first, self.skipped = state.step, 0  # consecutive non-finite losses
+    self.traces0 = {k: steps.TRACES[k] for k in ("rl_update", "rl_update_terms")}
+    return state, points
+
+  def items(self, step: int) -> list:
+    """The (task key, instance) prompts of train step `step` (DPH's D_pef rows taken out)."""
+    rl_step, prompts = step - self.run.cfg.sft.steps, self.run.cfg.rl.prompts_per_step
+    return dph.rl_items(self.store, self.run.taskset, rl_step, prompts)
+
+  def collect(self, state: TrainState) -> tuple:
+    """(rollouts, the update's batch) of `state`'s step: its rollouts' rows and, for dph_*
+    presets, the rehearsed D_pef rows."""
+    run, rl_step = self.run, state.step - self.run.cfg.sft.steps
+    # A LoRA reference is the current params' base (lora.reference_params).
+    ref_fn = (None if self.reference is None else lambda seqs: self.logprob_eval(
+        lora.reference_params(self.reference, state.params), seqs))
+    rollouts = collect_rollouts(self.sampler, state.params, self.items(state.step), run.encoder,
+                                spec=self.spec, rng=state.rl_key(), ref_fn=ref_fn, rl_step=rl_step,
+                                shaping_state=shaping_state(state, run.obj))
+    batch = rollouts.batch(run.data_sh)
+    batch.update(dist.tree_to_global(
+        dph.batch_part(self.store, rl_step, run.cfg.dph.batch, self.dph_images), run.data_sh))
+    return rollouts, batch
+
+  def update(self, state: TrainState, rollouts, batch: dict) -> tuple[TrainState, dict]:
+    """(state, metrics row): one update on `batch` (the terms' gradient norms every
+    config.rl.log_term_grads steps), checked: no recompilation, no run of non-finite losses."""
+    run, cfg = self.run, self.run.cfg
+    rl_step = state.step - cfg.sft.steps
+    t2 = time.time()
+    state, m = update(state, batch, self.updates[bool(self.every and rl_step % self.every == 0)])
+    update_s = time.time() - t2
+    run.times["rollout"] += rollouts.sample_s
+    run.times["reward"] += rollouts.score_s
+    run.times["update"] += update_s
+    traces = max(steps.TRACES[k] - n for k, n in self.traces0.items())
+    if cfg.rl.check_recompile and state.step - self.first >= 2 and traces > 1:
+      raise TrainingError(f"the RL update recompiled ({traces} traces); batch shapes must stay fixed")
+    self.skipped = self.skipped + 1 if int(m["skipped"]) else 0
+    if self.skipped >= cfg.rl.nonfinite_patience:
+      raise TrainingError(
+          f"{self.skipped} non-finite losses in a row (at step {state.step}); stopping. The last "
+          f"good checkpoint ({run.ckpt.latest_step()}) is intact. Lower config.rl.lr or check rewards.")
+    row = {k: float(v) for k, v in m.items() if np.ndim(v) == 0}
+    row.update(rollouts.metrics(), rollout_s=rollouts.sample_s, reward_s=rollouts.score_s,
+               update_s=update_s, **run.truncations())
+    return state, row
+
+  def progress(self, row: dict) -> dict:
+    """The progress bar's fields of a metrics row."""
+    return {"stage": f"rl/{self.run.obj.policy_loss}", "reward": f"{row['reward_mean']:.3f}",
+            "qr": f"{row['qr_mean']:.3f}", "distinct": f"{row['distinct']:.2f}"}
 
 
 def start_policies(run: Run, state: TrainState):
@@ -233,6 +265,16 @@ def end_point_done(run: Run, state: TrainState) -> bool:
   if rl_step not in eval_points.point_steps(run.cfg.rl.steps, run.cfg.eval.points):
     return True
   return run.points(None).done(rl_step)
+
+
+def end_point(run: Run, state: TrainState) -> TrainState:
+  """A run resumed at its end (killed after its last checkpoint, or one whose last point
+  file went missing): the evaluation point due at this step, computed before the run
+  finishes."""
+  if run.cfg.eval.points and not dist.agree(end_point_done(run, state)):
+    state, _, points = start_policies(run, state)
+    points.maybe(state)
+  return state
 
 
 def dph_presample(run: Run, state: TrainState, logprob_eval) -> tuple:

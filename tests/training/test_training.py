@@ -19,6 +19,7 @@ from dmpo_jax.models import tokenizer as tok_lib
 from dmpo_jax.objectives import presets
 from dmpo_jax.tasks import rewards as rewards_lib
 from dmpo_jax.training import TrainState, collect_rollouts, state as state_lib, update
+from dmpo_jax.training.rollout import RolloutSpec
 from dmpo_jax import sampling
 from tests.helpers import config_module, smoke
 
@@ -67,9 +68,10 @@ def test_collect_rollouts_overlaps_scores_and_shapes(encoder):
   events, refs = [], []
   obj = presets.objective_config("dapo", overlong_cache=4)  # free up to 4 tokens, -1 at 8
   reward_cfg = rewards_lib.RewardConfig()
+  spec = RolloutSpec(group_size=G, chunks=2, prompt_len=LP, completion_len=LT,
+                     reward_cfg=reward_cfg, objective=obj, data_sh=one_device())
   ro = collect_rollouts(fake_sampler(events, lengths), None, items, RecordingEncoder(encoder, events),
-                        rng=jax.random.key(0), group_size=G, chunks=2, reward_cfg=reward_cfg,
-                        objective=obj, prompt_len=LP, completion_len=LT, data_sh=one_device(),
+                        spec=spec, rng=jax.random.key(0),
                         ref_fn=lambda seqs: refs.append(seqs["tokens"].shape) or seqs["tokens"][:, LP:] * 0.0)
   # the second chunk is dispatched before the first is scored on the host
   assert events == [("sample", 4), ("sample", 4), ("score", 4), ("score", 4)]
