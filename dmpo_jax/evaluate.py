@@ -207,12 +207,12 @@ def load_policy():
       raise app.UsageError(f"{FLAGS.hf} has no tokenizer files")
     graphdef, state = nnx.split(model)
     return graphdef, state, tok, {}
-  from dmpo_jax.training import run as run_lib
+  from dmpo_jax.training import run as run_lib, specs
   saved = config_lib.saved_config(FLAGS.workdir)
   if saved is None:
     raise app.UsageError(f"{FLAGS.workdir} is not a training workdir (no config.json)")
   cfg = config_dict.ConfigDict(saved)
-  model, tok = model_build.build(cfg)
+  model, tok = model_build.build(specs.model_spec(cfg))
   graphdef, state = nnx.split(model)
   if not os.path.isdir(os.path.join(FLAGS.workdir, "checkpoints")):
     raise app.UsageError(f"{FLAGS.workdir} has no checkpoint yet")

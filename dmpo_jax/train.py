@@ -109,7 +109,10 @@ def main(argv, fv=FLAGS):
   try:
     if fv.dry_run:
       check(fv.config)
-      print(instances.summary(instances.write(fv.config, fv.workdir, task_keys(fv.config))))
+      cfg = fv.config
+      rows = instances.write(specs.instances_spec(cfg), specs.taskset(cfg, task_keys(cfg)),
+                             fv.workdir)
+      print(instances.summary(rows))
       return
   except BAD_INPUT as e:
     fail(e, fv.verbose)

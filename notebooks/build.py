@@ -129,12 +129,13 @@ blank image of the same size (the control: a policy that reads the image does
 worse there) and the text prompt. The renderer is ours, so these numbers are
 not comparable with the paper's MM-NP-Bench figures."""),
     new_code_cell(r'''from dmpo_jax.data import images as mm
+from dmpo_jax.training import specs
 cfg_mm = load_config("mm_nphard", "smoke,tasks=TSP+knapsack" if SMALL else "")
 cfg_mm.log.tensorboard = False
 res_mm = stages.train(cfg_mm, "runs/quickstart_mm")
 print(report.format_modalities({"modalities": res_mm["modalities"]["after"]}))'''),
     new_code_cell(r'''model_mm, proc = hf.load("runs/quickstart_mm/hf")   # a Qwen2.5-VL folder: model + processor
-enc_mm = mm.make_encoder(cfg_mm, proc)
+enc_mm = mm.make_encoder(specs.encoder_spec(cfg_mm), proc)
 fig, axes = plt.subplots(1, 2, figsize=(10, 5))
 for ax, key in zip(axes, ["TSP", "knapsack"]):
     task = tasks.get(key)

@@ -12,14 +12,15 @@ The blank-image control (`ImagePromptEncoder(..., blank=True)`) gives the same
 prompts with a white image of the same size: the same ids and grid, no instance.
 A policy that scores as well on it does not read the image.
 
-`build_vlm` makes the from-scratch Qwen2.5-VL of a config (a tiny vision tower and
-the text model's sizes) with an image processor and tokenizer of its own, so a
+`models.build.build_vlm` makes the from-scratch Qwen2.5-VL of a config (a tiny vision
+tower and the text model's sizes) with an image processor and tokenizer of its own, so a
 from-scratch run needs no hub files.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import json
 import time
@@ -171,24 +172,33 @@ class ImagePromptEncoder(pipeline.PromptEncoder):
                               swap=swap)
 
 
-def make_encoder(cfg, processor) -> ImagePromptEncoder:
+@dataclasses.dataclass(frozen=True)
+class EncoderSpec:
+  """A run's prompts (training/specs.py: encoder_spec): config.prompt_style, chat_template and
+  model.max_prompt_len; for an image style config.image's render size and cache."""
+  style: str
+  max_len: int
+  chat: bool
+  image_size: int = 0   # pixels (image styles)
+  image_cache: int = 0  # rendered instances kept
+
+
+def make_encoder(spec: EncoderSpec, processor) -> ImagePromptEncoder:
   """The run's image-prompt encoder (config.prompt_style, config.image.size)."""
-  cache = ImageCache(processor, int(cfg.image.size), int(cfg.image.cache))
-  return ImagePromptEncoder(processor, cfg.prompt_style, cfg.model.max_prompt_len,
-                            cfg.chat_template, cache=cache)
+  cache = ImageCache(processor, spec.image_size, spec.image_cache)
+  return ImagePromptEncoder(processor, spec.style, spec.max_len, spec.chat, cache=cache)
 
 
-def make_run_encoder(cfg, tok, processor):
+def make_run_encoder(spec: EncoderSpec, tok, processor):
   """A training run's prompt encoder: image prompts for an image style (which needs a
   vision-language model), else text prompts with the model's tokenizer."""
-  if cfg.prompt_style in tasks_lib.IMAGE_STYLES:
+  if spec.style in tasks_lib.IMAGE_STYLES:
     if processor is None:
-      raise ValueError(f"config.prompt_style={cfg.prompt_style!r} needs a vision-language model: "
+      raise ValueError(f"config.prompt_style={spec.style!r} needs a vision-language model: "
                        "config.model.vision (from scratch) or a Qwen2.5-VL folder in config.model.init")
-    return make_encoder(cfg, processor)
+    return make_encoder(spec, processor)
   tokenizer = processor.tokenizer if processor is not None else tok
-  return pipeline.PromptEncoder(tokenizer, cfg.prompt_style, cfg.model.max_prompt_len,
-                                cfg.chat_template)
+  return pipeline.PromptEncoder(tokenizer, spec.style, spec.max_len, spec.chat)
 
 
 def image_inputs(vl_cfg, encoder, items, prompt_tokens, prompt_mask, patch_budget: int):

@@ -14,6 +14,7 @@ of what a dph_* run trains on. Also "splits" (A, B, C) where the config has them
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -22,23 +23,22 @@ from dmpo_jax.data import pipeline
 from dmpo_jax.data import splits as splits_lib
 
 
-def taskset_from_config(cfg, keys) -> pipeline.TaskSet:
-  """The trainer's TaskSet for config.tasks `keys` (config.collapse's pool and splits)."""
-  c = cfg.get("collapse") or {}
-  return pipeline.TaskSet(keys, cfg.level, cfg.seed,
-                          pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level),
-                          collapse=pipeline.Collapse.from_config(cfg), pool=int(c.get("pool", 0)),
-                          splits=c.get("splits", ()), split_file=c.get("split_file", ""),
-                          sft_from=c.get("sft_from", "A"), rl_from=c.get("rl_from", "AB"),
-                          held_out_per_task=int(cfg.eval.num_per_task))
+@dataclasses.dataclass(frozen=True)
+class InstancesSpec:
+  """How many rows each stage draws (training/specs.py: instances_spec, of config.sft, rl and
+  eval)."""
+  sft_steps: int
+  sft_prompts: int    # instances per SFT step: sft.batch_size // sft.solutions_per_instance
+  rl_steps: int
+  rl_prompts: int     # rl.prompts_per_step
+  eval_per_task: int  # eval.num_per_task
 
 
-def rows(cfg, taskset: pipeline.TaskSet) -> dict:
+def rows(spec: InstancesSpec, taskset: pipeline.TaskSet) -> dict:
   """{"sft", "rl", "eval"} lists of (key, instance) in training order."""
-  per = cfg.sft.solutions_per_instance
-  sft = [it for s in range(cfg.sft.steps) for it in taskset.train("sft", s, cfg.sft.batch_size // per)]
-  rl = [it for s in range(cfg.rl.steps) for it in taskset.train("rl", s, cfg.rl.prompts_per_step)]
-  return {"sft": sft, "rl": rl, "eval": taskset.held_out(cfg.eval.num_per_task)}
+  sft = [it for s in range(spec.sft_steps) for it in taskset.train("sft", s, spec.sft_prompts)]
+  rl = [it for s in range(spec.rl_steps) for it in taskset.train("rl", s, spec.rl_prompts)]
+  return {"sft": sft, "rl": rl, "eval": taskset.held_out(spec.eval_per_task)}
 
 
 def checks(out: dict, taskset: pipeline.TaskSet) -> dict:
@@ -57,10 +57,9 @@ def checks(out: dict, taskset: pipeline.TaskSet) -> dict:
   return res
 
 
-def write(cfg, workdir: str, keys) -> dict:
-  """DIR/instances.json for `cfg` (see the module docstring); returns its content."""
-  taskset = taskset_from_config(cfg, keys)
-  out = rows(cfg, taskset)
+def write(spec: InstancesSpec, taskset: pipeline.TaskSet, workdir: str) -> dict:
+  """DIR/instances.json of a config's `rows` (see the module docstring); returns its content."""
+  out = rows(spec, taskset)
   result = {k: [[key, q] for key, q in v] for k, v in out.items()}
   if taskset.splits:
     result["splits"] = taskset.split_sets().to_json()

@@ -28,7 +28,8 @@ MAX_REDRAWS = 1000  # instance filter: attempts per row before giving up
 
 @dataclasses.dataclass(frozen=True)
 class Collapse:
-  """The mode-collapse testbed's settings (config.collapse; docs/COLLAPSE.md).
+  """The mode-collapse testbed's settings (config.collapse, built by
+  `training.specs.collapse_spec`; docs/COLLAPSE.md).
 
   limit, time_limit: of each instance's enumeration (Task.optimal_solutions);
   min_optima..max_optima: the instance filter (complete enumerations only)."""
@@ -36,18 +37,6 @@ class Collapse:
   time_limit: float = 10.0
   min_optima: int = 2
   max_optima: int | None = 16
-
-  @classmethod
-  def from_config(cls, cfg) -> "Collapse | None":
-    """None unless the config has a `collapse` block with `enabled` (default True)."""
-    c = cfg.get("collapse")
-    if c is None or not c.get("enabled", True):
-      return None
-    out = cls(limit=int(c.get("limit", 64)), time_limit=float(c.get("time_limit", 10.0)),
-              min_optima=int(c.get("min_optima", 2)), max_optima=c.get("max_optima", 16))
-    if out.limit < 1 or out.min_optima < 0 or (out.max_optima is not None and out.max_optima < out.min_optima):
-      raise ValueError(f"config.collapse: need limit >= 1 and 0 <= min_optima <= max_optima, got {out}")
-    return out
 
   def optima(self, key: str, q: dict):
     """The instance's Optima, or None for a task without enumeration."""

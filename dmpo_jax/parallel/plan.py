@@ -404,7 +404,7 @@ def from_config_file(spec: str, backend: str, mesh: dict):
   vl = hf_cfg.get("model_type") == qwen2_5_vl.MODEL_TYPE
   cfg = (qwen2_5_vl if vl else hf).config_from_hf(hf_cfg, dtype=c.model.dtype,
                                                   param_dtype=c.model.param_dtype)
-  lcfg = build.lora_config(c)  # config.model.lora
+  lcfg = build.lora_config(c.model.get("lora"))  # config.model.lora
   if lcfg is not None:
     cfg = dataclasses.replace(cfg, text=cfg.text.replace(lora=lcfg)) if vl else cfg.replace(lora=lcfg)
   mesh = {k: v for k, v in dict(c.mesh).items() if v != -1} or mesh

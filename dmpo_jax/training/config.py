@@ -393,17 +393,30 @@ def saved_config(workdir: str) -> dict | None:
 def transcript_targets(workdir: str) -> tuple:
   """(encoder, held-out instances, transcript length) of the image policy of the workdir's
   config.json, without building the model: what `perception.bounds` scores (for a
-  perception.json written before the bound was; `perception.with_bounds`)."""
+  perception.json written before the bound was; `with_bounds`)."""
   from ml_collections import config_dict
-  from dmpo_jax.data import instances
   from dmpo_jax.models import build
+  from dmpo_jax.training import specs
   saved = saved_config(workdir)
   if saved is None:
     raise FileNotFoundError(f"{workdir} has no config.json to compute the blind bounds from")
   cfg = config_dict.ConfigDict(saved)
-  _, processor = build.vlm_config(cfg)
-  items = instances.taskset_from_config(cfg, task_keys(cfg)).held_out(cfg.eval.num_per_task)
-  return multimodal.make_encoder(cfg, processor), items, int(cfg.perception.max_new_tokens)
+  _, processor = build.vlm_config(specs.model_spec(cfg))
+  items = specs.taskset(cfg, task_keys(cfg)).held_out(cfg.eval.num_per_task)
+  return (multimodal.make_encoder(specs.encoder_spec(cfg), processor), items,
+          int(cfg.perception.max_new_tokens))
+
+
+def with_bounds(res: dict, workdir: str) -> dict:
+  """A perception.json's result with its `blind_bound`s (`perception.bounds`), computed from
+  the workdir's config.json when the file predates them (`transcript_targets`)."""
+  if "blind_bound" not in res["overall"]:
+    from dmpo_jax.training import perception
+    b = perception.bounds(*transcript_targets(workdir))
+    res["overall"]["blind_bound"] = b["overall"]
+    for key, v in b["per_task"].items():
+      res["per_task"][key]["blind_bound"] = v
+  return res
 
 
 def config_json(cfg) -> dict:

@@ -54,13 +54,14 @@ def model_config(cfg):
   without weights: a model from scratch from its sizes and tokenizer, a checkpoint from its
   config.json or GGUF header."""
   from dmpo_jax.models import build, hf
-  m = cfg.model
+  from dmpo_jax.training import specs
+  m, spec = cfg.model, specs.model_spec(cfg)
   if m.init == "scratch" and m.get("vision"):
-    return build.vlm_config(cfg)[0]
+    return build.vlm_config(spec)[0]
   if m.init == "scratch":
-    return build.scratch_config(cfg, build.scratch_tokenizer(cfg))
+    return build.scratch_config(spec, build.scratch_tokenizer(spec))
   mc = hf.model_config(m.init, dtype=m.dtype, param_dtype=m.param_dtype)
-  lora = build.lora_config(cfg)  # adapters: only they are trained (parallel/plan.py)
+  lora = spec.lora  # adapters: only they are trained (parallel/plan.py)
   if lora is None:
     return mc
   vl = hasattr(mc, "text")  # a VLConfig: the adapters are on its language model

@@ -100,18 +100,6 @@ def bounds(encoder, items, length: int) -> dict:
   return {"overall": float(overall), "per_task": per_task}
 
 
-def with_bounds(res: dict, workdir: str) -> dict:
-  """A perception.json's result with its `blind_bound`s, computed from the workdir's
-  config.json when the file predates them (`config.transcript_targets`)."""
-  if "blind_bound" not in res["overall"]:
-    from dmpo_jax.training import config as config_lib  # the stage layer reads the config
-    b = bounds(*config_lib.transcript_targets(workdir))
-    res["overall"]["blind_bound"] = b["overall"]
-    for key, v in b["per_task"].items():
-      res["per_task"][key]["blind_bound"] = v
-  return res
-
-
 def greedy_config(spec: PerceptionSpec, encoder) -> sampling.SamplingConfig:
   """The greedy sampling of transcriptions, at spec.max_new_tokens (one sampler serves the
   image and the blank prompts alike: same ids, same shapes)."""

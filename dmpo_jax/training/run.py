@@ -31,7 +31,7 @@ from dmpo_jax.training import rollout as rollout_lib
 from dmpo_jax.training import specs as specs_lib
 from dmpo_jax.training import transfer as transfer_lib
 from dmpo_jax.training.evaluation import EVAL_KEYS
-from dmpo_jax.data import domain, instances, pipeline
+from dmpo_jax.data import domain, pipeline
 from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.config import check_config, task_keys
 from dmpo_jax.training.state import LOG_Z_SEED_OFFSET, TrainState, checkpoint_meta
@@ -295,12 +295,12 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
   specs_lib.check_points(cfg)
   specs = specs_lib.compile(cfg)
   lock_workdir(workdir, take=False)  # a run there now: refused before the model is built
-  taskset = instances.taskset_from_config(cfg, task_keys(cfg))
+  taskset = specs_lib.taskset(cfg, task_keys(cfg))
   reward_cfg = domain.RewardConfig(**dict(cfg.rl.reward))
 
-  model, tok = model_build.build(cfg)
+  model, tok = model_build.build(specs.model)
   processor, vl_cfg = (tok, model.cfg) if model_build.is_vlm(model) else (None, None)
-  encoder = multimodal.make_run_encoder(cfg, tok, processor)
+  encoder = multimodal.make_run_encoder(specs.encoder, tok, processor)
   tok = encoder.tok
   graphdef, model_state = nnx.split(model)
   lora = lora_lib.has_adapters(model_state)  # config.model.lora: only the adapters are trained

@@ -8,12 +8,22 @@ tests/test_layering.py checks it).
     PointsSpec      config.eval.points..., rl, sft.steps     training/points.py: Points
     DPHSpec         config.dph, model lengths, rl, eval      training/dph.py: presample
     PerceptionSpec  config.perception, sft, eval             training/perception.py
+    ModelSpec       config.model (lora, vision), image, seed models/build.py: build
+    EncoderSpec     config.prompt_style, chat_template,      data/images.py: make_run_encoder
+                    model.max_prompt_len, image
+    Collapse        config.collapse                          data/pipeline.py: TaskSet
+    InstancesSpec   config.sft, rl, eval (counts)            data/instances.py: rows (--dry_run)
+
+and the run's data stream, `taskset` (config.tasks, level, seed, rl.curriculum, collapse).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from dmpo_jax.data import images as multimodal
+from dmpo_jax.data import domain, instances, pipeline
+from dmpo_jax.models import build as model_build
 from dmpo_jax.training import dph, perception
 from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.evaluation import EvalSpec
@@ -71,6 +81,69 @@ def perception_spec(cfg) -> perception.PerceptionSpec:
       num_per_task=cfg.eval.num_per_task, batch_prompts=cfg.eval.batch_prompts)
 
 
+def model_spec(cfg) -> model_build.ModelSpec:
+  """The policy (config.model, the run's seed); with config.model.vision, the from-scratch
+  tower's settings (and config.image's pixel range, which its processor uses)."""
+  m = cfg.model
+  vision = None
+  if m.get("vision"):
+    im = cfg.image
+    vision = model_build.VisionSpec(
+        tower=tuple(dict(m.vision).items()), mrope_section=m.mrope_section,
+        min_pixels=im.min_pixels, max_pixels=im.max_pixels, mean=im.get("mean"), std=im.get("std"),
+        patch_budget=im.patch_budget)
+  return model_build.ModelSpec(
+      init=m.init, tokenizer=m.tokenizer, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+      seed=cfg.seed, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+      num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+      head_dim=m.head_dim, rope_theta=m.rope_theta,
+      max_position_embeddings=m.max_prompt_len + m.max_new_tokens,
+      lora=model_build.lora_config(m.get("lora")),
+      lora_export=(m.get("lora") or {}).get("export"), vision=vision)
+
+
+def encoder_spec(cfg) -> multimodal.EncoderSpec:
+  """The run's prompts (config.prompt_style, chat_template, model.max_prompt_len); for an image
+  style, config.image's render size and cache."""
+  image = cfg.prompt_style in domain.IMAGE_STYLES
+  return multimodal.EncoderSpec(
+      style=cfg.prompt_style, max_len=cfg.model.max_prompt_len, chat=cfg.chat_template,
+      image_size=int(cfg.image.size) if image else 0,
+      image_cache=int(cfg.image.cache) if image else 0)
+
+
+def collapse_spec(cfg) -> pipeline.Collapse | None:
+  """The mode-collapse testbed's settings: None unless the config has a `collapse` block with
+  `enabled` (default True)."""
+  c = cfg.get("collapse")
+  if c is None or not c.get("enabled", True):
+    return None
+  out = pipeline.Collapse(limit=int(c.get("limit", 64)), time_limit=float(c.get("time_limit", 10.0)),
+                          min_optima=int(c.get("min_optima", 2)), max_optima=c.get("max_optima", 16))
+  if out.limit < 1 or out.min_optima < 0 or (out.max_optima is not None and out.max_optima < out.min_optima):
+    raise ValueError(f"config.collapse: need limit >= 1 and 0 <= min_optima <= max_optima, got {out}")
+  return out
+
+
+def taskset(cfg, keys) -> pipeline.TaskSet:
+  """The trainer's TaskSet for config.tasks `keys` (config.collapse's pool and splits)."""
+  c = cfg.get("collapse") or {}
+  return pipeline.TaskSet(keys, cfg.level, cfg.seed,
+                          pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level),
+                          collapse=collapse_spec(cfg), pool=int(c.get("pool", 0)),
+                          splits=c.get("splits", ()), split_file=c.get("split_file", ""),
+                          sft_from=c.get("sft_from", "A"), rl_from=c.get("rl_from", "AB"),
+                          held_out_per_task=int(cfg.eval.num_per_task))
+
+
+def instances_spec(cfg) -> instances.InstancesSpec:
+  """The rows of a dry run (`instances.rows`): config.sft's, rl's and eval's counts."""
+  return instances.InstancesSpec(
+      sft_steps=cfg.sft.steps, sft_prompts=cfg.sft.batch_size // cfg.sft.solutions_per_instance,
+      rl_steps=cfg.rl.steps, rl_prompts=cfg.rl.prompts_per_step,
+      eval_per_task=cfg.eval.num_per_task)
+
+
 @dataclasses.dataclass(frozen=True)
 class Specs:
   """Every spec of a run's config (`compile`)."""
@@ -78,11 +151,13 @@ class Specs:
   points: eval_points.PointsSpec
   dph: dph.DPHSpec
   perception: perception.PerceptionSpec
+  model: model_build.ModelSpec
+  encoder: multimodal.EncoderSpec
 
 
 def compile(cfg) -> Specs:  # noqa: A001 (the config is compiled once, at setup)
   return Specs(eval=eval_spec(cfg), points=points_spec(cfg), dph=dph_spec(cfg),
-               perception=perception_spec(cfg))
+               perception=perception_spec(cfg), model=model_spec(cfg), encoder=encoder_spec(cfg))
 
 
 def transfer_spec(cfg):

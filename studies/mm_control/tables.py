@@ -115,8 +115,8 @@ def perception_table(sweep: str) -> str:
   files = sorted(glob.glob(os.path.join(sweep, "_sft", "seed*", "perception.json")))
   if not files:
     return "(no perception.json in the sweep's _sft folders)"
-  from dmpo_jax.training import perception
-  res = [perception.with_bounds(json.load(open(f)), os.path.dirname(f)) for f in files]
+  from dmpo_jax.training import config as config_lib
+  res = [config_lib.with_bounds(json.load(open(f)), os.path.dirname(f)) for f in files]
   rows = [("overall", [r["overall"] for r in res])]
   rows += [(t, [r["per_task"][t] for r in res]) for t in sorted(res[0]["per_task"])]
   lines = [f"{len(res)} seeds, {res[0]['steps']} perception steps; mean [95% t-interval] over seeds.",

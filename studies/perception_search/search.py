@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from dmpo_jax.training import perception
+from dmpo_jax.training import config as config_lib
 
 CONFIG = "configs/mm_nphard.py"
 
@@ -105,10 +105,10 @@ def main(argv=None):
     path = os.path.join(args.out, name, "perception.json")
     if args.table_only:
       if os.path.exists(path):
-        results[name] = perception.with_bounds(json.load(open(path)), os.path.join(args.out, name))
+        results[name] = config_lib.with_bounds(json.load(open(path)), os.path.join(args.out, name))
       continue
     try:
-      results[name] = perception.with_bounds(run_regime(name, args), os.path.join(args.out, name))
+      results[name] = config_lib.with_bounds(run_regime(name, args), os.path.join(args.out, name))
     except subprocess.CalledProcessError as e:
       print(f"[{name}] failed (exit status {e.returncode}); the search goes on", flush=True)
       continue

@@ -316,7 +316,7 @@ def test_distinct_colourings_up_to_renaming(registered):
 @pytest.mark.slow
 def test_a_gym_domain_trains_end_to_end(registered, tmp_path):
   """SFT, RL and evaluation on gym countdown through stages.train, with content-disjoint splits."""
-  from dmpo_jax.training import stages
+  from dmpo_jax.training import specs, stages
   task = registered("countdown", key="gym-countdown-smoke", min_numbers=3, max_numbers=3,
                     max_value=9, min_target=10, max_target=40)
   cfg = config_module("collapse").get_config(f"smoke,tasks={task.key}")
@@ -324,8 +324,8 @@ def test_a_gym_domain_trains_end_to_end(registered, tmp_path):
   override(cfg, **{"sft.targets": "sampled", "model.max_prompt_len": 368, "model.max_new_tokens": 16,
                    "sft.steps": 60, "sft.lr": 3e-3, "rl.steps": 2, "checkpoint.every": 1000})
   keys = [task.key]
-  taskset = instances.taskset_from_config(cfg, keys)
-  rows = instances.rows(cfg, taskset)
+  taskset = specs.taskset(cfg, keys)
+  rows = instances.rows(specs.instances_spec(cfg), taskset)
   assert instances.checks(rows, taskset)["disjoint"]
   sets = taskset.split_sets()
   texts = {n: {q["question"] for _, q in getattr(sets, n)} for n in ("A", "B", "C")}

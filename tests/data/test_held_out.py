@@ -45,8 +45,10 @@ def test_an_exhausted_task_is_refused_by_name(monkeypatch):
 
 @pytest.mark.parametrize("name", ["nphard", "mm_nphard"])
 def test_shipped_configs_evaluate_on_instances_they_never_train_on(tmp_path, name):
+  from dmpo_jax.training import specs
   from dmpo_jax.training.run import task_keys
   cfg = config_module(name).get_config()
-  res = instances.write(cfg, str(tmp_path), task_keys(cfg))
+  res = instances.write(specs.instances_spec(cfg), specs.taskset(cfg, task_keys(cfg)),
+                        str(tmp_path))
   assert res["checks"] == {"eval_distinct": True, "sft_eval_shared": 0, "rl_eval_shared": 0,
                            "disjoint": True}

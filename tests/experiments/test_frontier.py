@@ -39,7 +39,7 @@ def test_overlapping_sets_are_refused_naming_the_instances():
 
 def test_a_config_whose_split_file_overlaps_is_refused(tmp_path):
   cfg = sweep.load_config(CONFIG, smoke=True)
-  ts = instances.taskset_from_config(cfg, ["GCP-D"])
+  ts = specs.taskset(cfg, ["GCP-D"])
   sp = ts.split_sets()
   bad = {"A": [list(x) for x in sp.A], "B": [list(x) for x in sp.B],
          "C": [list(x) for x in sp.C] + [list(sp.A[0])]}  # an A instance also in C
@@ -48,9 +48,11 @@ def test_a_config_whose_split_file_overlaps_is_refused(tmp_path):
   cfg.collapse.split_file = str(path)
   cfg.tasks = "GCP-D"
   with pytest.raises(splits.SplitError, match=r"at A\[0\], C\[1\]"):
-    instances.write(cfg, str(tmp_path / "dry"), ["GCP-D"])
+    instances.write(specs.instances_spec(cfg), specs.taskset(cfg, ["GCP-D"]),
+                    str(tmp_path / "dry"))
   path.write_text(json.dumps({"A": bad["A"], "B": bad["B"], "C": bad["C"][:1]}))  # the fixed lists
-  out = instances.write(cfg, str(tmp_path / "dry"), ["GCP-D"])
+  out = instances.write(specs.instances_spec(cfg), specs.taskset(cfg, ["GCP-D"]),
+                        str(tmp_path / "dry"))
   assert out["checks"]["disjoint"] and out["splits"]["C"] == bad["C"][:1]
 
 
@@ -104,7 +106,8 @@ def test_dry_run_is_disjoint_for_the_shipped_configs(tmp_path):
   assert len(set(ids["sft"])) == 4 * 16 and len(ab) == 4 * 32
   assert out["checks"]["disjoint"]
   cfg = sweep.load_config(CONFIG + ":regime=stream,sft_steps=200")
-  res = instances.write(cfg, str(tmp_path / "stream"), cfg.tasks.split(","))
+  res = instances.write(specs.instances_spec(cfg), specs.taskset(cfg, cfg.tasks.split(",")),
+                        str(tmp_path / "stream"))
   assert res["checks"] == {"eval_distinct": True, "sft_eval_shared": 0, "rl_eval_shared": 0, "sft_in_B": 0,
                            "disjoint": True}
 

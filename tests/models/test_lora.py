@@ -157,14 +157,15 @@ def test_training_config_lora_block_is_checked_by_name():
     config_lib.check_fields(cfg)
   cfg.model.lora = {"alpha": 8.0}
   with pytest.raises(ValueError, match="config.model.lora.rank is missing"):
-    build.lora_config(cfg)
+    build.lora_config(cfg.model.get("lora"))
   cfg.model.lora = {"rank": 4, "alpha": 8.0, "targets": ("q_proj",), "init": "gaussian",
                     "export": "adapter"}
   config_lib.check_fields(cfg)
-  assert build.lora_config(cfg) == LoRAConfig(rank=4, alpha=8.0, targets=("q_proj",), init="gaussian")
+  assert build.lora_config(cfg.model.get("lora")) == LoRAConfig(rank=4, alpha=8.0, targets=("q_proj",),
+                                                                init="gaussian")
   cfg.model.lora = None
   config_lib.check_fields(cfg)
-  assert build.lora_config(cfg) is None
+  assert build.lora_config(cfg.model.get("lora")) is None
 
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from ml_collections import config_dict
 
 from dmpo_jax.models import build as model_build
 from dmpo_jax.data import pipeline
-from dmpo_jax.training import stages
+from dmpo_jax.training import specs, stages
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import tokenizer as tok_lib
 from dmpo_jax.tasks import rewards as rewards_lib
@@ -49,11 +49,11 @@ def test_filter_keeps_instances_within_the_optima_range():
 
 def test_collapse_config_switches_on_only_with_the_block():
   c = config_dict.ConfigDict({"seed": 0})
-  assert pipeline.Collapse.from_config(c) is None
+  assert specs.collapse_spec(c) is None
   c.collapse = config_dict.ConfigDict(dict(limit=16, time_limit=2.0, min_optima=2, max_optima=8))
-  assert pipeline.Collapse.from_config(c) == COLLAPSE
+  assert specs.collapse_spec(c) == COLLAPSE
   c.collapse.enabled = False
-  assert pipeline.Collapse.from_config(c) is None
+  assert specs.collapse_spec(c) is None
 
 
 def sft_run(encoder, targets, collapse=COLLAPSE):
@@ -130,7 +130,7 @@ def test_term_gradient_norms_are_those_of_each_term():
   cfg = nphard.get_config("smoke")
   cfg.model.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
                    head_dim=16)
-  model, _ = model_build.build(cfg)
+  model, _ = model_build.build(specs.model_spec(cfg))
   graphdef, state = nnx.split(model)
   batch = tiny_rl_batch()
   obj = presets.objective_config("dmpo", dm_coef=2.0, dm_alpha=1 / 15)

@@ -11,6 +11,7 @@ import pytest
 from dmpo_jax.models import build as model_build
 from dmpo_jax.data import images as mm
 from dmpo_jax.data import pipeline
+from dmpo_jax.training import specs
 from dmpo_jax import tasks
 from dmpo_jax import sampling
 from tests.helpers import config_module, smoke
@@ -22,7 +23,7 @@ mm_nphard = config_module("mm_nphard")
 def smoke_vlm():
   """(config, VLConfig, processor) of the smoke config's from-scratch VLM (no weights)."""
   cfg = mm_nphard.get_config("smoke")
-  vl_cfg, processor = model_build.vlm_config(cfg)
+  vl_cfg, processor = model_build.vlm_config(specs.model_spec(cfg))
   return cfg, vl_cfg, processor
 
 
@@ -48,7 +49,7 @@ def test_image_prompts_hold_no_instance_numbers(style):
 def test_image_pad_count_matches_the_grid_and_cache_hits(smoke_vlm):
   from dmpo_jax.models import qwen2_5_vl
   cfg, vl_cfg, processor = smoke_vlm
-  enc = mm.make_encoder(cfg, processor)
+  enc = mm.make_encoder(specs.encoder_spec(cfg), processor)
   items = pipeline.TaskSet(tasks.names(), "tiny", 0).held_out(1)
   pad = processor.image_token_id
   for key, q in items:
@@ -73,7 +74,7 @@ def test_image_pad_count_matches_the_grid_and_cache_hits(smoke_vlm):
 
 def test_prefetch_renders_the_next_step_on_a_worker_thread(smoke_vlm):
   cfg, _, processor = smoke_vlm
-  enc = mm.make_encoder(cfg, processor)
+  enc = mm.make_encoder(specs.encoder_spec(cfg), processor)
   ts = pipeline.TaskSet(["TSP", "knapsack"], "tiny", 0)
   pre = mm.Prefetch(enc)
   pre.warm(lambda: ts.train("sft", 1, 4))
@@ -122,7 +123,7 @@ def test_chat_template_keeps_the_image_span(smoke_vlm):
 
 def test_blank_control_keeps_ids_and_grid_and_drops_the_instance(smoke_vlm):
   cfg, _, processor = smoke_vlm
-  enc = mm.make_encoder(cfg, processor)
+  enc = mm.make_encoder(specs.encoder_spec(cfg), processor)
   blank = enc.blank_control()
   key, q = "TSP", tasks.get("TSP").generate(3, "tiny")
   assert blank.encode(key, q) == enc.encode(key, q)
@@ -138,7 +139,7 @@ def test_shuffled_control_shows_another_instance_of_the_same_task(smoke_vlm):
   """Each instance gets the image of another instance of its task (never its own), with the
   same prompt ids; a task with one instance is refused by name."""
   cfg, _, processor = smoke_vlm
-  enc = mm.make_encoder(cfg, processor)
+  enc = mm.make_encoder(specs.encoder_spec(cfg), processor)
   items = [(k, tasks.get(k).generate(s, "tiny")) for k in ("TSP", "knapsack") for s in (3, 4, 5)]
   shuffled = mm.modality_encoder(enc, "shuffled", items)
   own = {mm.instance_key(k, q): enc.images(k, q)["pixel_values"] for k, q in items}
@@ -158,15 +159,17 @@ def test_white_is_zero_and_ink_is_not(smoke_vlm):
   moves a from-scratch tower); the CLIP statistics give white +1.9 on every input."""
   cfg, _, processor = smoke_vlm
   assert tuple(cfg.image.mean) == (1.0, 1.0, 1.0)
-  white = mm.make_encoder(cfg, processor).blank_control().images("TSP", {})["pixel_values"]
+  enc = mm.make_encoder(specs.encoder_spec(cfg), processor)
+  white = enc.blank_control().images("TSP", {})["pixel_values"]
   np.testing.assert_allclose(white, 0.0, atol=1e-6)
   q = tasks.get("TSP").generate(3, "tiny")
-  drawn = mm.make_encoder(cfg, processor).images("TSP", q)["pixel_values"]
+  drawn = mm.make_encoder(specs.encoder_spec(cfg), processor).images("TSP", q)["pixel_values"]
   assert drawn.min() < -1.5  # black ink: (0 - 1) / 0.5 = -2
   clip = mm_nphard.get_config("smoke")
   del clip.image["mean"], clip.image["std"]  # the processor's own (CLIP) statistics
-  _, clip_proc = model_build.vlm_config(clip)
-  clip_white = mm.make_encoder(clip, clip_proc).blank_control().images("TSP", {})["pixel_values"]
+  _, clip_proc = model_build.vlm_config(specs.model_spec(clip))
+  clip_enc = mm.make_encoder(specs.encoder_spec(clip), clip_proc)
+  clip_white = clip_enc.blank_control().images("TSP", {})["pixel_values"]
   assert clip_white.min() > 1.7
 
 
@@ -193,15 +196,15 @@ def test_image_encoder_refuses_text_styles_and_bad_configs(smoke_vlm):
   bad = mm_nphard.get_config("smoke")
   bad.model.mrope_section = (2, 2, 2)
   with pytest.raises(ValueError, match="config.model.mrope_section"):
-    model_build.vlm_config(bad)
+    model_build.vlm_config(specs.model_spec(bad))
   bad = mm_nphard.get_config("smoke")
   bad.model.vision = dict(bad.model.vision, num_heads=3)
   with pytest.raises(ValueError, match="config.model.vision"):
-    model_build.vlm_config(bad)
+    model_build.vlm_config(specs.model_spec(bad))
   text = mm_nphard.get_config("smoke")
   text.model.vision = {}  # a text model cannot take image prompts
   with pytest.raises(ValueError, match="needs a vision-language model"):
-    mm.make_run_encoder(text, processor.tokenizer, None)
+    mm.make_run_encoder(specs.encoder_spec(text), processor.tokenizer, None)
 
 
 @pytest.mark.parametrize("pool", [0, 6])
@@ -210,7 +213,7 @@ def test_dph_prompt_items_rebuild_the_stored_prompts_and_refuse_others(smoke_vlm
   rebuilt from its pef_index (stream or pool index), checked against the stored prompt."""
   from dmpo_jax.training import dph
   cfg, _, processor = smoke_vlm
-  enc = mm.make_encoder(cfg, processor)
+  enc = mm.make_encoder(specs.encoder_spec(cfg), processor)
   ts = pipeline.TaskSet(["TSP", "knapsack"], "tiny", 0, pool=pool)
   index = np.asarray([3, 0, 3, 5])  # a prompt's several responses; any order
   items = (ts.pool_items() if pool else dph.stream_items(ts, list(range(6)), 4))
@@ -232,7 +235,7 @@ def test_dph_prompt_items_rebuild_the_stored_prompts_and_refuse_others(smoke_vlm
 def test_scratch_vlm_saves_a_folder_transformers_opens(tmp_path):
   from dmpo_jax.models import hf
   cfg = mm_nphard.get_config("smoke")
-  model, processor = model_build.build_vlm(cfg)
+  model, processor = model_build.build_vlm(specs.model_spec(cfg))
   hf.save(model, processor, str(tmp_path / "hf"))
   loaded, proc2 = hf.load(str(tmp_path / "hf"))
   assert proc2.image_token_id == processor.image_token_id
@@ -240,7 +243,7 @@ def test_scratch_vlm_saves_a_folder_transformers_opens(tmp_path):
   import transformers
   tm = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tmp_path / "hf"))
   assert tm.config.image_token_id == processor.image_token_id
-  enc = mm.make_encoder(cfg, proc2)
+  enc = mm.make_encoder(specs.encoder_spec(cfg), proc2)
   key, q = "knapsack", tasks.get("knapsack").generate(0, "tiny")
   ids = np.asarray([enc.encode(key, q)])
   im = enc.images(key, q)
@@ -301,7 +304,7 @@ def test_qwen_vl_config_trains_a_local_folder(tmp_path):
   from dmpo_jax.training import stages
   from dmpo_jax.models import hf
   folder = str(tmp_path / "qwen_vl")
-  model, processor = model_build.build_vlm(mm_nphard.get_config("smoke"))
+  model, processor = model_build.build_vlm(specs.model_spec(mm_nphard.get_config("smoke")))
   hf.save(model, processor, folder)
   cfg = mm_nphard_qwen.get_config(folder)
   assert cfg.prompt_style == "npbench_image" and cfg.rl.freeze_vision and cfg.sft.steps == 0

@@ -113,15 +113,17 @@ def test_the_stage_reads_the_image_past_the_blind_bound(tmp_path):
 def test_with_bounds_fills_an_older_file_from_the_runs_config(tmp_path):
   """A perception.json written before the bound existed gets the bound of the run's own
   held-out instances (from its config.json), equal to what evaluate would have written."""
-  from dmpo_jax.data import images, instances
+  from dmpo_jax.data import images
   from dmpo_jax.models import build
+  from dmpo_jax.training import specs
   c = cfg_of(**{"eval.num_per_task": 3})
   (tmp_path / "config.json").write_text(json.dumps(c.to_dict()))
   old = {"steps": 2, "overall": {"image": {}}, "per_task": {"subset-sum": {}, "GCP-D": {}}}
-  got = perception.with_bounds(old, str(tmp_path))
-  _, processor = build.vlm_config(c)
-  items = instances.taskset_from_config(c, ["subset-sum", "GCP-D"]).held_out(3)
-  want = perception.bounds(images.make_encoder(c, processor), items, int(c.perception.max_new_tokens))
+  got = config_lib.with_bounds(old, str(tmp_path))
+  _, processor = build.vlm_config(specs.model_spec(c))
+  items = specs.taskset(c, ["subset-sum", "GCP-D"]).held_out(3)
+  want = perception.bounds(images.make_encoder(specs.encoder_spec(c), processor), items,
+                           int(c.perception.max_new_tokens))
   assert got["overall"]["blind_bound"] == pytest.approx(want["overall"])
   assert {k: v["blind_bound"] for k, v in got["per_task"].items()} == pytest.approx(want["per_task"])
   assert 0 < want["overall"] < 1

@@ -15,7 +15,7 @@ from dmpo_jax.models import build as model_build
 from dmpo_jax.training import checkpoint as ckpt_lib
 from dmpo_jax.training import config as config_lib
 from dmpo_jax.training import run as run_lib
-from dmpo_jax.training import stages
+from dmpo_jax.training import specs, stages
 from dmpo_jax.training.memory import micro_batches
 from dmpo_jax.training.steps import make_optimizer
 from dmpo_jax.models import hf
@@ -140,7 +140,7 @@ def test_parameters_sharded_as_the_rules_say():
   from flax import nnx
   from jax.sharding import PartitionSpec as P
   from dmpo_jax.parallel import sharding
-  model, _ = model_build.build(smoke())
+  model, _ = model_build.build(specs.model_spec(smoke()))
   _, state = nnx.split(model)
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   sh = sharding.param_shardings(state, mesh)
@@ -191,7 +191,7 @@ def test_nonfinite_steps_stop_with_good_checkpoint(tmp_path, monkeypatch):
     stages.train(cfg, str(tmp_path))
   ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
   assert ck.latest_step() == 4 and ck.read_meta(4)["counters"]["nonfinite_total"] == 1
-  model, _ = model_build.build(cfg)
+  model, _ = model_build.build(specs.model_spec(cfg))
   from flax import nnx
   _, state = nnx.split(model)
   params = {"model": state}
@@ -267,7 +267,7 @@ def test_micro_batches_match_one_batch_exactly_when_slice_exact(algo):
   from dmpo_jax.training import steps
   from dmpo_jax.objectives import presets
   cfg = smoke()
-  model, _ = model_build.build(cfg)
+  model, _ = model_build.build(specs.model_spec(cfg))
   graphdef, state = nnx.split(model)
   P, G, LP, LT = 8, 4, 6, 5
   rng = np.random.default_rng(0)
