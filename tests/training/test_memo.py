@@ -37,11 +37,12 @@ def cases():
   return out
 
 
-def mismatches(memo) -> int:
-  """Verdicts of `memo` that differ from a fresh `task.verify`, over `cases` and both rules."""
+def mismatches(memo, groups=None) -> int:
+  """Verdicts of `memo` that differ from a fresh `task.verify`, over `groups` (default: `cases`)
+  and both rules."""
   bad = 0
   for compat in ("strict", "npbench"):
-    for task, q, texts in cases():
+    for task, q, texts in groups or cases():
       got = memo.verify_group(task, q, texts, compat)
       bad += sum(g != task.verify(q, t, compat=compat) for g, t in zip(got, texts))
   return bad
@@ -49,10 +50,11 @@ def mismatches(memo) -> int:
 
 def test_memoised_verdicts_equal_fresh_ones():
   memo = scoring.VerdictMemo()
-  assert mismatches(memo) == 0
+  groups = cases()  # once: the optima's enumeration has a time limit, so a loaded machine
+  assert mismatches(memo, groups) == 0  # could list fewer texts on a second call
   assert memo.hits > memo.misses > 0  # repeats were served from the memo
   n = memo.misses
-  assert mismatches(memo) == 0 and memo.misses == n  # a second pass: every verdict a hit
+  assert mismatches(memo, groups) == 0 and memo.misses == n  # a second pass: every verdict a hit
 
 
 def test_a_key_without_the_instance_is_caught():
