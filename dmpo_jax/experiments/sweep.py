@@ -369,6 +369,8 @@ def prepare_sft(train_fn, run: Run, out: str, log=print, poll_s: float = 30.0) -
   while not done():
     try:
       lock_lib.check(d)  # before train_fn builds the model
+      if done():  # the holder finished between our first look and its release
+        break
       log(f"SFT stage of seed {run.seed} -> {d}")
       cfg = copy.deepcopy(run.cfg)
       cfg.stop_at_step = steps

@@ -225,3 +225,16 @@ def test_prepare_sft_waits_for_a_held_lock(tmp_path, holder_finishes):
   waiter.join(timeout=10)
   assert not waiter.is_alive() and out["d"] == str(d)
   assert calls == ([] if holder_finishes else [run.cfg.sft.steps])  # what is left undone is trained
+
+
+def test_prepare_sft_does_not_retrain_a_stage_finished_during_its_lock_check(tmp_path, monkeypatch):
+  """The holder writes its checkpoint and releases between our first look and the lock check:
+  the checkpoint is used, not trained again (this race once failed CI)."""
+  run, calls = sweep_run(), []
+  d = tmp_path / "_sft" / "seed0"
+
+  def check_while_the_holder_finishes(path):
+    os.makedirs(d / "checkpoints" / str(run.cfg.sft.steps))  # ... and then the lock is free
+  monkeypatch.setattr(lock_lib, "check", check_while_the_holder_finishes)
+  assert sweep.prepare_sft(fake_train(calls), run, str(tmp_path), lambda m: None) == str(d)
+  assert calls == []
