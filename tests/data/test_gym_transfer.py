@@ -204,12 +204,13 @@ def test_transfer_field_is_checked_before_anything_is_written(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_run_scores_transfer_tasks_before_and_after_rl(tmp_path):
-  """A smoke training run with two transfer tasks (one with config fields in its key) writes
-  their zero-shot, before-RL and after-RL scores and configs into results.json and
-  eval_transfer_*.json, beside NP-Bench's."""
+  """A smoke training run with two transfer tasks (one with config fields in its key, one also
+  trained in SFT through config.sft.gym_tasks) writes their zero-shot, before-RL and after-RL
+  scores and configs into results.json and eval_transfer_*.json, beside NP-Bench's."""
   from dmpo_jax.training import stages
   color = "gym-graph_color:min_num_vertices=4:max_num_vertices=5"
   cfg = helpers.smoke(**{"tasks": "subset-sum", "eval.transfer": f"gym-countdown,{color}",
+                         "sft.gym_tasks": "gym-countdown",
                          "eval.zero_shot": True, "eval.transfer_num_per_task": 2,
                          "eval.transfer_samples": 3, "log.plots": False,
                          "checkpoint.export_hf": False})
