@@ -63,9 +63,9 @@ def checks(out: dict, taskset: pipeline.TaskSet) -> dict:
   if taskset.sft_only:
     res["rl_sft_only_rows"] = sum(key in taskset.sft_only for key, _ in out["rl"])
   if "transfer" in out:
-    tr = set(ids["transfer"])
+    tr, tasks = set(ids["transfer"]), {k for k, _ in out["transfer"]}
     res.update(sft_transfer_shared=len(tr & set(ids["sft"])), rl_transfer_shared=len(tr & set(ids["rl"])),
-               rl_transfer_rows=sum(key in {k for k, _ in out["transfer"]} for key, _ in out["rl"]))
+               rl_transfer_rows=sum(key in tasks for key, _ in out["rl"]))
   if taskset.splits:
     res["sft_in_B"] = len(set(ids["sft"]) & taskset.split_sets().ids("B"))
   if taskset.pool and not taskset.splits:
