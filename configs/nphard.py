@@ -44,6 +44,9 @@ def get_config(arg: str | None = None):
       targets="sampled",       # or "optimal": drawn uniformly from the enumerated optima
       freeze_vision=True,      # a vision-language policy's tower gets no update (text models: unused)
       vision_lr_scale=1.0,     # a trained tower's learning rate / the language model's
+      # reasoning-gym tasks mixed into SFT only (never RL), cycled after config.tasks; their
+      # transfer evaluation instances are kept out (docs/GYM.md): "gym-chain_sum:max_terms=2"
+      gym_tasks="",
   ))
   c.dph = config_dict.ConfigDict(dict(   # DPH-RL pre-sampling (dph_* presets only)
       num_prompts=64, samples=8, correct="feasible",  # or "optimal"; sampled at rl.temperature
@@ -79,8 +82,9 @@ def get_config(arg: str | None = None):
       zero_shot=False,      # also evaluate the initial policy, before SFT (eval_zero_shot.json)
       points=0,             # evaluation points along RL (training/points.py; configs/collapse.py)
       points_samples="",    # their samples per instance: "N" or "SET:N,..."; "": eval.samples
-      # reasoning-gym tasks never trained on, scored before and after RL beside the held-out
-      # evaluation (docs/GYM.md): "gym-countdown,gym-graph_color"; "": none
+      # reasoning-gym tasks never trained on in RL (in SFT only through sft.gym_tasks), scored
+      # before and after RL beside the held-out evaluation (docs/GYM.md):
+      # "gym-countdown,gym-graph_color"; "": none
       transfer="",
       transfer_num_per_task=6, transfer_samples=4,  # held-out instances per task, samples each
       transfer_max_prompt_len=0,   # 0: the longest transfer prompt (within the model's context)

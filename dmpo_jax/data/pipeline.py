@@ -98,10 +98,25 @@ class TaskSet:
   # The random training streams redraw those instances, so that evaluation is disjoint from
   # training by content (at `tiny`, different seeds often give the same instance).
   held_out_per_task: int = 0
+  # Tasks that SFT cycles through after `keys` and nothing else draws (config.sft.gym_tasks: RL,
+  # DPH and the held-out evaluation stay on `keys`). The SFT stream redraws the first
+  # `sft_only_reserved` held-out instances of each (`held_out_items`: the transfer evaluation's),
+  # so that an evaluation of them is disjoint from SFT by content.
+  sft_only: tuple = ()
+  sft_only_reserved: int = 0
 
   def __post_init__(self):
-    for k in self.keys:
+    for k in (*self.keys, *self.sft_only):
       tasks_lib.get(k)  # unknown names list the choices
+    self.sft_only = tuple(self.sft_only)
+    if self.sft_only and (self.pool or self.splits or self.split_file):
+      raise ValueError(f"config.sft.gym_tasks={','.join(self.sft_only)!r} draws SFT rows from a "
+                       "fresh stream; config.collapse.pool and config.collapse.splits (fixed SFT "
+                       "sets) cannot be combined with it")
+    both = [k for k in self.sft_only if k in self.keys]
+    if both:
+      raise ValueError(f"config.sft.gym_tasks: {both} are in config.tasks as well (trained in SFT "
+                       "and RL already); name each task in one of them")
     if self.level not in tasks_lib.LEVELS:
       raise ValueError(f"config.level={self.level!r}; choose from {tasks_lib.LEVELS}")
     if self.pool < 0:
@@ -146,9 +161,10 @@ class TaskSet:
       return [pool[self.pool_id(stage, step, i, n)] for i in range(n)]
     level = self.level_at(step) if stage == "rl" else self.level
     exclude = self.stream_exclude(stage)
+    keys = [*self.keys, *self.sft_only] if stage == "sft" else self.keys
     out = []
     for i in range(n):
-      key = self.keys[(step * n + i) % len(self.keys)]
+      key = keys[(step * n + i) % len(keys)]
       seeds = (_seed(self.seed, stage, step, i, *(("redraw", a) if a else ())) for a in range(MAX_REDRAWS))
       out.append((key, self._draw(key, seeds, level, f"{stage} step {step} row {i}", exclude)[1]))
     return out
@@ -169,12 +185,15 @@ class TaskSet:
 
   def stream_exclude(self, stage: str) -> frozenset:
     """Instance ids a random stream redraws: C, and for SFT also B; without splits, the
-    evaluation's instances (held_out(held_out_per_task))."""
+    evaluation's instances (held_out(held_out_per_task)), and for SFT also the reserved
+    instances of the SFT-only tasks."""
     if not self.splits:
       if self._held_out_ids is None:
         self._held_out_ids = frozenset(splits_lib.instance_id(k, q)
                                        for k, q in self.held_out(self.held_out_per_task))
-      return self._held_out_ids
+        self._reserved_ids = frozenset(splits_lib.instance_id(k, q) for k, q in held_out_items(
+            self.sft_only, self.sft_only_reserved, self.level))
+      return self._held_out_ids | self._reserved_ids if stage == "sft" else self._held_out_ids
     return frozenset(self.split_sets().ids(*(("B", "C") if stage == "sft" else ("C",))))
 
   def pool_items(self) -> list[tuple[str, dict]]:
@@ -235,6 +254,14 @@ class TaskSet:
                        "config.eval.num_per_task or use a larger level")
     raise ValueError(f"config.collapse: no {key} instance at level {level} with {c.min_optima}.."
                      f"{c.max_optima} optima in {MAX_REDRAWS} draws ({what}); widen min_optima/max_optima")
+
+
+def held_out_items(keys, num_per_task: int, level: str) -> list[tuple[str, dict]]:
+  """The first num_per_task distinct held-out instances of each task (seeds from EVAL_SEED0, no
+  instance filter): the transfer evaluation's, and what `TaskSet.sft_only_reserved` reserves."""
+  if not keys or num_per_task < 1:
+    return []
+  return TaskSet(list(keys), level, 0).held_out(num_per_task, level)
 
 
 def _round_robin(items, keys) -> list:

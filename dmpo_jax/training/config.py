@@ -141,6 +141,8 @@ SCHEMA: dict[str, Spec] = {
     "sft.steps": Int(0), "sft.batch_size": Int(1), "sft.lr": Float(0), "sft.warmup": Int(0),
     "sft.solutions_per_instance": Int(1), "sft.targets": Choice(("sampled", "optimal")),
     "sft.freeze_vision": Bool(), "sft.vision_lr_scale": Float(0),
+    # reasoning-gym tasks mixed into SFT only, never RL (training/transfer.py: sft_error; docs/GYM.md)
+    "sft.gym_tasks": Spec((str,), transfer.Allowed(), lambda v: not transfer.unknown(v)),
     "dph.num_prompts": Int(1), "dph.samples": Int(1),
     "dph.correct": Choice(("feasible", "optimal")), "dph.pef_threshold": Float(0, hi=1.0),
     "dph.batch": Int(1), "dph.weighting": Choice(("separate", "per_sample")),
@@ -250,8 +252,8 @@ def check_fields(cfg) -> None:
 
 def task_keys(cfg) -> list[str]:
   """config.tasks: "all", or task keys separated by "," or "+"."""
-  if cfg.tasks == "all":
-    return domain.names()
+  if cfg.tasks == "all":  # registered gym keys (eval.transfer, sft.gym_tasks) are not "all"
+    return [k for k in domain.names() if not k.startswith(gym.PREFIX)]
   keys = [k.strip() for k in cfg.tasks.replace("+", ",").split(",") if k.strip()]
   gym.register_keys(keys)  # "gym-<name>": a reasoning-gym task with its default config
   return keys
@@ -313,7 +315,9 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
   check_fields(cfg)
   keys = check_tasks(cfg)
   check_perception(cfg, keys)
-  why = transfer.config_error(cfg.eval.transfer, keys, cfg.prompt_style)
+  sft_gym = cfg.sft.gym_tasks
+  why = (transfer.sft_error(sft_gym, keys, cfg.prompt_style, cfg.sft.targets == "optimal")
+         or transfer.config_error(cfg.eval.transfer, keys, cfg.prompt_style, transfer.parse(sft_gym)))
   if why:
     raise ConfigError(why)
   m = cfg.model
@@ -426,7 +430,7 @@ def config_json(cfg) -> dict:
 
 # Fields declared after runs were saved without them, with the value their absence meant: a
 # workdir whose config.json lacks one resumes unchanged when the config has that value.
-ADDED_FIELDS = {"eval.zero_shot": False, "eval.points": 0, "eval.points_samples": "",
+ADDED_FIELDS = {"sft.gym_tasks": "", "eval.zero_shot": False, "eval.points": 0, "eval.points_samples": "",
                 "eval.transfer": "", "eval.transfer_num_per_task": 6, "eval.transfer_samples": 4,
                 "eval.transfer_max_prompt_len": 0, "eval.transfer_max_new_tokens": 0}
 

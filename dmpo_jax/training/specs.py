@@ -12,9 +12,10 @@ tests/test_layering.py checks it).
     EncoderSpec     config.prompt_style, chat_template,      data/images.py: make_run_encoder
                     model.max_prompt_len, image
     Collapse        config.collapse                          data/pipeline.py: TaskSet
-    InstancesSpec   config.sft, rl, eval (counts)            data/instances.py: rows (--dry_run)
+    InstancesSpec   config.sft, rl, eval (counts, transfer)  data/instances.py: rows (--dry_run)
 
-and the run's data stream, `taskset` (config.tasks, level, seed, rl.curriculum, collapse).
+and the run's data stream, `taskset` (config.tasks, level, seed, rl.curriculum, collapse,
+sft.gym_tasks).
 """
 
 from __future__ import annotations
@@ -125,15 +126,28 @@ def collapse_spec(cfg) -> pipeline.Collapse | None:
   return out
 
 
+def sft_gym_keys(cfg) -> tuple[str, ...]:
+  """config.sft.gym_tasks' keys, registered (the reasoning-gym tasks SFT mixes in)."""
+  from dmpo_jax.data import gym
+  from dmpo_jax.training import transfer
+  keys = transfer.parse(cfg.sft.get("gym_tasks", ""))
+  gym.register_keys(keys)
+  return keys
+
+
 def taskset(cfg, keys) -> pipeline.TaskSet:
-  """The trainer's TaskSet for config.tasks `keys` (config.collapse's pool and splits)."""
+  """The trainer's TaskSet for config.tasks `keys` (config.collapse's pool and splits), with
+  config.sft.gym_tasks for SFT only, whose first config.eval.transfer_num_per_task held-out
+  instances (the transfer evaluation's) SFT does not draw."""
   c = cfg.get("collapse") or {}
   return pipeline.TaskSet(keys, cfg.level, cfg.seed,
                           pipeline.parse_curriculum(cfg.rl.curriculum, cfg.level),
                           collapse=collapse_spec(cfg), pool=int(c.get("pool", 0)),
                           splits=c.get("splits", ()), split_file=c.get("split_file", ""),
                           sft_from=c.get("sft_from", "A"), rl_from=c.get("rl_from", "AB"),
-                          held_out_per_task=int(cfg.eval.num_per_task))
+                          held_out_per_task=int(cfg.eval.num_per_task),
+                          sft_only=sft_gym_keys(cfg),
+                          sft_only_reserved=int(cfg.eval.get("transfer_num_per_task", 6)))
 
 
 def instances_spec(cfg) -> instances.InstancesSpec:
@@ -141,7 +155,17 @@ def instances_spec(cfg) -> instances.InstancesSpec:
   return instances.InstancesSpec(
       sft_steps=cfg.sft.steps, sft_prompts=cfg.sft.batch_size // cfg.sft.solutions_per_instance,
       rl_steps=cfg.rl.steps, rl_prompts=cfg.rl.prompts_per_step,
-      eval_per_task=cfg.eval.num_per_task)
+      eval_per_task=cfg.eval.num_per_task, transfer_keys=transfer_keys(cfg),
+      transfer_per_task=cfg.eval.get("transfer_num_per_task", 6))
+
+
+def transfer_keys(cfg) -> tuple[str, ...]:
+  """config.eval.transfer's keys, registered."""
+  from dmpo_jax.data import gym
+  from dmpo_jax.training import transfer
+  keys = transfer.parse(cfg.eval.get("transfer", ""))
+  gym.register_keys(keys)
+  return keys
 
 
 @dataclasses.dataclass(frozen=True)

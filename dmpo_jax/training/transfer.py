@@ -2,8 +2,9 @@
 
 A training config lists reasoning-gym tasks (`config.eval.transfer = "gym-countdown,gym-graph_color"`;
 a task's config fields follow its name, `"gym-chain_sum:min_terms=2:max_terms=2"`, gym.parse_key)
-that the run never trains on; the policy is scored on held-out instances of each before RL
-and after RL (and before SFT with `config.eval.zero_shot`), beside NP-Bench's evaluation:
+that its RL never trains on (its SFT may, on other instances: config.sft.gym_tasks, `sft_error`);
+the policy is scored on held-out instances of each before RL and after RL (and before SFT with
+`config.eval.zero_shot`), beside NP-Bench's evaluation:
 eval_transfer_{name}.json in the workdir, and results.json's "transfer". The same scoring
 serves `python -m dmpo_jax.evaluate --gym=...` (`score`): one implementation.
 
@@ -35,6 +36,7 @@ from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training import evaluation, report
 
 FIELD = "config.eval.transfer"
+SFT_FIELD = "config.sft.gym_tasks"
 FILE = "eval_transfer_{}.json"
 STREAM = 0x7A5F  # folded into the run's evaluation key: samples independent of the held-out ones
 KEYS = evaluation.EVAL_KEYS + ("transfer",)  # an eval_transfer_*.json that lacks one is damaged
@@ -87,12 +89,15 @@ class Allowed:
             f"optional config fields ('gym-chain_sum{gym.SEP}min_terms=2{gym.SEP}max_terms=2')")
 
 
-def config_error(value, train_keys=(), style: str = "compact") -> str | None:
+def config_error(value, train_keys=(), style: str = "compact", sft_keys=()) -> str | None:
   """Why config.eval.transfer=value cannot run (one line naming the field), or None. Its
   keys must be wrapped reasoning-gym tasks ("gym-<name>[:<field>=<value>...]", registered here:
   unknown fields and bad values are refused, gym.parse_key), each config named once, no task
   trained on (config.tasks, at any config: the held-out instances would not be disjoint from
-  the trained ones), with a text prompt style."""
+  the trained ones), with a text prompt style. A task of config.sft.gym_tasks (`sft_keys`,
+  trained in SFT only) may be listed with the same key: the SFT stream redraws the transfer
+  evaluation's instances (pipeline.TaskSet.sft_only_reserved); at another config it is refused,
+  as the two configs' questions could coincide under different keys."""
   keys = parse(value)
   if not keys:
     return None
@@ -127,6 +132,50 @@ def config_error(value, train_keys=(), style: str = "compact") -> str | None:
     return (f"{FIELD}={value!r}: {other} are reasoning-gym tasks trained on at another config "
             f"({[trained[tasks[k].name] for k in other]} in config.tasks); transfer tasks are ones "
             "the run does not train on, at any config (their held-out instances could be trained on)")
+  other = [(k, s) for k in keys for s in sft_keys if s != k and gym.task_name(s) == tasks[k].name]
+  if other:
+    return (f"{FIELD}={value!r}: {[k for k, _ in other]} are trained in SFT at another config "
+            f"({[s for _, s in other]} in {SFT_FIELD}); a task trained in SFT is evaluated "
+            f"with the same key (its held-out instances are kept out of SFT only then)")
+  return None
+
+
+def sft_error(value, train_keys=(), style: str = "compact", optimal: bool = False) -> str | None:
+  """Why config.sft.gym_tasks=value cannot run (one line naming the field), or None. Its keys,
+  reasoning-gym tasks trained in SFT only (never in RL), are wrapped tasks with valid fields
+  (registered here), each config named once, no task of config.tasks at any config (their
+  questions could be config.tasks' held-out ones), with a text prompt style and sampled SFT
+  targets (a gym task enumerates no optima)."""
+  keys = parse(value)
+  if not keys:
+    return None
+  bad = unknown(value)
+  if bad:
+    return (f"{SFT_FIELD}={value!r}: {bad} not reasoning-gym tasks with a safe scorer; "
+            f"choose from {choices()} (docs/GYM.md)")
+  twice = sorted({k for k in keys if keys.count(k) > 1})
+  if twice:
+    return f"{SFT_FIELD}={value!r} names {twice} more than once; name each task once"
+  names = {gym.task_name(k) for k in train_keys if k.startswith(gym.PREFIX)}
+  both = [k for k in keys if gym.task_name(k) in names]
+  if both:
+    return (f"{SFT_FIELD}={value!r}: {both} are tasks of config.tasks (trained in SFT and RL "
+            "already); name each task in one of the two fields")
+  if style not in domain.PROMPT_STYLES:
+    return (f"{SFT_FIELD}={value!r}: reasoning-gym prompts are text; config.prompt_style="
+            f"{style!r} is an image style (use {domain.PROMPT_STYLES})")
+  if optimal:
+    return (f"{SFT_FIELD}={value!r}: config.sft.targets='optimal' needs enumerated optima, which "
+            "reasoning-gym tasks lack; use sft.targets='sampled' (their reference answers)")
+  try:
+    gym.register_keys(keys)
+  except (ImportError, ValueError) as e:
+    return f"{SFT_FIELD}={value!r}: {e}"
+  configs = task_configs(keys)
+  same = next((ks for ks in ([k for k in keys if configs[k] == c] for c in configs.values())
+               if len(ks) > 1), None)
+  if same:
+    return f"{SFT_FIELD}={value!r}: {same} are one config of one task; name it once"
   return None
 
 
@@ -152,7 +201,7 @@ def held_out(keys, num_per_task: int, level: str = "tiny") -> tuple[list, list]:
   """(items, ground truths): the first num_per_task held-out instances of each task (seeds from
   pipeline.EVAL_SEED0, as `evaluate --gym --num` draws them); gym keys registered."""
   gym.register_keys(keys)
-  items = pipeline.TaskSet(list(keys), level, 0).held_out(num_per_task, level)
+  items = pipeline.held_out_items(keys, num_per_task, level)
   return items, [domain.get(k).reference_value(q) for k, q in items]
 
 

@@ -10,7 +10,7 @@ from absl.testing import flagsaver
 pytest.importorskip("reasoning_gym")
 
 from dmpo_jax import evaluate  # noqa: E402
-from dmpo_jax.data import domain, gym, pipeline  # noqa: E402
+from dmpo_jax.data import domain, gym, pipeline, splits  # noqa: E402
 from dmpo_jax.tasks import rewards  # noqa: E402
 from dmpo_jax.training import config as config_lib, evaluation  # noqa: E402
 
@@ -204,12 +204,13 @@ def test_transfer_field_is_checked_before_anything_is_written(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_run_scores_transfer_tasks_before_and_after_rl(tmp_path):
-  """A smoke training run with two transfer tasks (one with config fields in its key) writes
-  their zero-shot, before-RL and after-RL scores and configs into results.json and
-  eval_transfer_*.json, beside NP-Bench's."""
+  """A smoke training run with two transfer tasks (one with config fields in its key, one also
+  trained in SFT through config.sft.gym_tasks) writes their zero-shot, before-RL and after-RL
+  scores and configs into results.json and eval_transfer_*.json, beside NP-Bench's."""
   from dmpo_jax.training import stages
   color = "gym-graph_color:min_num_vertices=4:max_num_vertices=5"
   cfg = helpers.smoke(**{"tasks": "subset-sum", "eval.transfer": f"gym-countdown,{color}",
+                         "sft.gym_tasks": "gym-countdown",
                          "eval.zero_shot": True, "eval.transfer_num_per_task": 2,
                          "eval.transfer_samples": 3, "log.plots": False,
                          "checkpoint.export_hf": False})
@@ -388,3 +389,106 @@ def test_evaluate_gym_with_config_fields(tmp_path, capsys):
   assert set(res["transfer"]) == {"gym-" + spec}
   cfg = res["task_configs"]["gym-" + spec]
   assert (cfg["task"], cfg["min_terms"], cfg["max_terms"], cfg["max_digits"]) == ("chain_sum", 2, 2, 1)
+
+
+# ---------------------------------------------------------------------------
+# config.sft.gym_tasks: reasoning-gym tasks in SFT only, their transfer instances kept out.
+# leg_counting with one animal once has one question per kind of animal (a few dozen): six
+# reserved ones would be drawn again and again by an SFT stream that did not keep them out.
+LEGS = "gym-leg_counting:min_animals=1:max_animals=1:max_instances=1"
+
+
+def test_sft_gym_tasks_are_mixed_into_sft_only_and_skip_the_transfer_instances():
+  """SFT cycles through config.tasks then the SFT-only tasks (rows of step s: (s*n + i) mod
+  the number of keys), RL through config.tasks alone; the SFT stream redraws the first
+  sft_only_reserved held-out instances of each SFT-only task (the transfer evaluation's), which
+  it draws otherwise."""
+  gym.register_keys([LEGS, "gym-chain_sum:max_terms=2"])
+  sft_only = (LEGS, "gym-chain_sum:max_terms=2")
+
+  def stream(reserved):
+    ts = pipeline.TaskSet(["subset-sum", "knapsack"], "tiny", 0, held_out_per_task=2,
+                          sft_only=sft_only, sft_only_reserved=reserved)
+    return ts, [it for s in range(15) for it in ts.train("sft", s, 4)]
+
+  ts, sft = stream(6)
+  # 60 rows over a cycle of 4 keys: 15 of each, row j of the stream is key j mod 4
+  assert [k for k, _ in sft] == [("subset-sum", "knapsack", *sft_only)[j % 4] for j in range(60)]
+  rl = [k for s in range(15) for k, _ in ts.train("rl", s, 4)]
+  assert sorted(set(rl)) == ["knapsack", "subset-sum"] and len(rl) == 60
+  ident = lambda rows: {splits.instance_id(k, q) for k, q in rows}
+  reserved = ident(pipeline.held_out_items([LEGS], 6, "tiny"))
+  assert len(reserved) == 6 and reserved == ident(transfer.held_out([LEGS], 6, "tiny")[0])
+  assert not ident(sft) & reserved
+  _, unreserved = stream(0)  # the same stream without the reservation draws them
+  assert ident(unreserved) & reserved
+
+
+def test_all_tasks_exclude_registered_gym_keys():
+  """config.tasks='all' is the NP tasks even after a transfer or SFT-only gym key is registered
+  (config checks register them before the trainer reads config.tasks): RL never draws them."""
+  from ml_collections import config_dict
+  gym.register_keys(["gym-chain_sum:max_terms=2"])
+  keys = config_lib.task_keys(config_dict.ConfigDict({"tasks": "all"}))
+  assert keys == [k for k in domain.names() if not k.startswith("gym-")] and len(keys) == 10
+
+
+def test_sft_gym_tasks_field_is_checked_before_anything_is_written(tmp_path):
+  """config.sft.gym_tasks: an unknown task or field, a key named twice, a task of config.tasks,
+  optimal SFT targets, a fixed pool, and a transfer task at another config are refused in one
+  line naming the field, before the workdir is written."""
+  from dmpo_jax.training import run as run_lib
+  cases = (({"sft.gym_tasks": "gym-spiral_matrix"}, r"config\.sft\.gym_tasks=.*spiral_matrix"),
+           ({"sft.gym_tasks": "chain_sum"}, r"config\.sft\.gym_tasks='chain_sum': must be"),
+           ({"sft.gym_tasks": "gym-chain_sum:max_termz=2"}, r"config\.sft\.gym_tasks=.*max_termz"),
+           ({"sft.gym_tasks": "gym-chain_sum+gym-chain_sum"}, r"config\.sft\.gym_tasks=.*more than once"),
+           ({"sft.gym_tasks": "gym-chain_sum,gym-chain_sum:min_terms=2"},
+            r"config\.sft\.gym_tasks=.*one config of one task"),
+           ({"sft.gym_tasks": "gym-chain_sum:max_terms=2", "tasks": "subset-sum,gym-chain_sum"},
+            r"config\.sft\.gym_tasks=.*tasks of config\.tasks"),
+           ({"sft.gym_tasks": "gym-chain_sum", "sft.targets": "optimal"},
+            r"config\.sft\.gym_tasks=.*sft\.targets='optimal'"),
+           ({"sft.gym_tasks": "gym-chain_sum", "eval.transfer": "gym-chain_sum:max_terms=2"},
+            r"config\.eval\.transfer=.*trained in SFT at another config"))
+  for over, pattern in cases:
+    cfg = helpers.smoke(**over)
+    with pytest.raises((config_lib.ConfigError, ValueError), match=pattern):
+      run_lib.setup(cfg, str(tmp_path / "w"))
+    assert not os.path.exists(tmp_path / "w"), over
+  assert "not reasoning-gym tasks" in transfer.sft_error("chain_sum")
+  gym.register_keys(["gym-chain_sum"])
+  with pytest.raises(ValueError, match=r"config\.sft\.gym_tasks=.*config\.collapse\.pool"):
+    pipeline.TaskSet(["TSP"], "tiny", 0, pool=4, sft_only=("gym-chain_sum",))
+  with pytest.raises(ValueError, match=r"config\.sft\.gym_tasks: \['TSP'\] are in config\.tasks"):
+    pipeline.TaskSet(["TSP"], "tiny", 0, sft_only=("TSP",))
+  assert transfer.sft_error("gym-chain_sum,gym-letter_counting", ["TSP"]) is None
+  assert transfer.config_error("gym-chain_sum", ["TSP"], sft_keys=("gym-chain_sum",)) is None
+  cfg = helpers.smoke()  # a workdir saved before the field existed resumes unchanged
+  saved = config_lib.config_json(cfg)
+  del saved["sft"]["gym_tasks"]
+  assert config_lib.config_changes(saved, cfg) == {}
+
+
+def test_dry_run_shows_the_sft_mix_and_disjoint_transfer_instances(tmp_path):
+  """--dry_run's instances.json with SFT-only gym tasks that are also transfer tasks: their
+  rows are in "sft" (one in every len(tasks) + len(gym_tasks)), none in "rl", and "transfer"
+  (the transfer evaluation's instances) shares none with either; the checks say so."""
+  from dmpo_jax.data import instances
+  from dmpo_jax.training import specs
+  both = f"{LEGS},gym-chain_sum:max_terms=2"
+  cfg = helpers.smoke(**{"tasks": "subset-sum,knapsack", "sft.gym_tasks": both,
+                         "eval.transfer": both, "sft.steps": 15, "sft.batch_size": 8,
+                         "sft.solutions_per_instance": 2, "rl.steps": 5})
+  config_lib.check_fields(cfg)
+  res = instances.write(specs.instances_spec(cfg),
+                        specs.taskset(cfg, config_lib.task_keys(cfg)), str(tmp_path))
+  sft_keys = [k for k, _ in res["sft"]]
+  assert len(sft_keys) == 60 and sum(k.startswith("gym-") for k in sft_keys) == 30
+  assert sft_keys.count(LEGS) == 15 and not any(k.startswith("gym-") for k, _ in res["rl"])
+  assert [k for k, _ in res["transfer"]] == [LEGS] * 6 + ["gym-chain_sum:max_terms=2"] * 6
+  assert res["checks"] == {"eval_distinct": True, "sft_eval_shared": 0, "rl_eval_shared": 0,
+                           "rl_sft_only_rows": 0, "sft_transfer_shared": 0,
+                           "rl_transfer_shared": 0, "rl_transfer_rows": 0, "disjoint": True}
+  assert "transfer: 12 rows, 12 distinct" in instances.summary(res)
+  with open(tmp_path / "instances.json") as f:
+    assert json.load(f)["checks"]["disjoint"]
