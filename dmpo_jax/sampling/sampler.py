@@ -268,9 +268,9 @@ def pad_prompts(prompts: Sequence[Sequence[int]], prompt_length: int | None = No
 
 # Prompt-length buckets of `generate`: powers of two from 16 to 256, then multiples of 256.
 # A call pads its longest prompt up to the next bucket, so calls whose longest prompts differ
-# reuse one compilation (sampling and log-probs do not depend on extra left padding: positions
-# count each row's own tokens and padded keys are masked). At most 2x the prefill work for
-# short prompts, 255 slots for long ones.
+# reuse one compilation (up to float rounding, samples and log-probs do not depend on extra
+# left padding: positions count each row's own tokens and padded keys are masked; the test pins
+# equal tokens). At most 2x the prefill work for short prompts, 255 slots for long ones.
 _MIN_BUCKET, _LINEAR_BUCKET = 16, 256
 
 
@@ -297,9 +297,10 @@ def generate(model, prompts: Sequence[Sequence[int]], *, rng, max_new_tokens: in
   Returns a Samples with tokens, mask and float32 log-probs, all [B, T],
   B = len(prompts) * num_samples with the samples of one prompt adjacent.
   `prompt_length` pads every call to one P; without it P is the longest prompt rounded up to
-  a bucket (`prompt_bucket`), so a new longest length seldom recompiles and the samples are
-  those of any other P for the same key. `max_length` is the cache size the prompt plus new
-  tokens must fit in (default: the model's max_position_embeddings).
+  a bucket (`prompt_bucket`), so a new longest length seldom recompiles; extra left padding
+  moves no position and shows no new key, so it samples what the unbucketed call samples (up
+  to float rounding). `max_length` is the cache size the prompt plus new tokens must fit in
+  (default: the model's max_position_embeddings).
 
   For a `Qwen2_5_VL` model, `images` gives per prompt {"pixel_values": [patches, C],
   "image_grid_thw": [I, 3]} (the image processor's output) or None (text only); the
