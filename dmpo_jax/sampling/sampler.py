@@ -1,12 +1,14 @@
 """A jitted sampler: one prefill, then one `lax.while_loop` decode over a static KV cache.
 
-Prompts of different lengths are left-padded to a common length P, so every
-row writes its next key/value at the same cache slot (one
-`dynamic_update_slice` for the whole batch) while its RoPE position counts
-only its own tokens (`dmpo_jax.models.positions`: one pad offset per row, the
-definition the update's log-prob recomputation uses too). Each prompt is prefilled once; its keys and values are a
-prefix shared by its R = num_samples rows (an RL group shares one prompt: R
-times less prefill work, and decode reads the prompt's keys once per group),
+Prompts of different lengths are left-padded to a common length P (`generate`
+rounds the longest up to one of a few buckets, `prompt_bucket`, so that a new
+length seldom recompiles), so every row writes its next key/value at the same
+cache slot (one `dynamic_update_slice` for the whole batch) while its RoPE
+position counts only its own tokens (`dmpo_jax.models.positions`: one pad
+offset per row, the definition the update's log-prob recomputation uses too).
+Each prompt is prefilled once; its keys and values are a prefix shared by its
+R = num_samples rows (an RL group shares one prompt: R times less prefill
+work, and decode reads the prompt's keys once per group),
 and each row's own cache has T = max_new_tokens slots. Decoding runs in
 `decode_phases` loops over a growing cache (T/4, T/2, ... slots; no phase
 under 32 slots), so early tokens do not read the empty slots of later ones.
@@ -264,6 +266,26 @@ def pad_prompts(prompts: Sequence[Sequence[int]], prompt_length: int | None = No
   return tokens, mask
 
 
+# Prompt-length buckets of `generate`: powers of two from 16 to 256, then multiples of 256.
+# A call pads its longest prompt up to the next bucket, so calls whose longest prompts differ
+# reuse one compilation (up to float rounding, samples and log-probs do not depend on extra
+# left padding: positions count each row's own tokens and padded keys are masked; the test pins
+# equal tokens). At most 2x the prefill work for short prompts, 255 slots for long ones.
+_MIN_BUCKET, _LINEAR_BUCKET = 16, 256
+
+
+def prompt_bucket(length: int, limit: int | None = None) -> int:
+  """The padded prompt length P for a longest prompt of `length` tokens: the next power of two
+  >= 16 up to 256, then the next multiple of 256, capped at `limit` (>= length) if given."""
+  if length < 1:
+    raise ValueError(f"prompt length must be >= 1, got {length}")
+  if length <= _LINEAR_BUCKET:
+    p = max(_MIN_BUCKET, 1 << (length - 1).bit_length())
+  else:
+    p = -(-length // _LINEAR_BUCKET) * _LINEAR_BUCKET
+  return p if limit is None else max(length, min(p, limit))
+
+
 def generate(model, prompts: Sequence[Sequence[int]], *, rng, max_new_tokens: int,
              num_samples: int = 1, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, eos_id: int | None = None, stop_ids: Sequence[int] = (),
@@ -274,8 +296,10 @@ def generate(model, prompts: Sequence[Sequence[int]], *, rng, max_new_tokens: in
 
   Returns a Samples with tokens, mask and float32 log-probs, all [B, T],
   B = len(prompts) * num_samples with the samples of one prompt adjacent.
-  `prompt_length` pads every call to one P (no recompilation across calls);
-  `max_length` is the cache size the prompt plus new tokens must fit in
+  `prompt_length` pads every call to one P; without it P is the longest prompt rounded up to
+  a bucket (`prompt_bucket`), so a new longest length seldom recompiles; extra left padding
+  moves no position and shows no new key, so it samples what the unbucketed call samples (up
+  to float rounding). `max_length` is the cache size the prompt plus new tokens must fit in
   (default: the model's max_position_embeddings).
 
   For a `Qwen2_5_VL` model, `images` gives per prompt {"pixel_values": [patches, C],
@@ -291,13 +315,15 @@ def generate(model, prompts: Sequence[Sequence[int]], *, rng, max_new_tokens: in
                        top_k=int(top_k), top_p=float(top_p), greedy=bool(greedy),
                        eos_id=eos_id, stop_ids=tuple(int(x) for x in stop_ids),
                        pad_id=int(pad_id))
-  tokens, mask = pad_prompts(prompts, prompt_length, pad_id)
   vl = isinstance(model, qwen2_5_vl.Qwen2_5_VL)
   if images is not None and not vl:
     raise ValueError(f"images were given but the model is a {type(model).__name__}, not a "
                      "Qwen2_5_VL")
   text_cfg = model.cfg.text if vl else model.cfg
   limit = max_length if max_length is not None else text_cfg.max_position_embeddings
+  if prompt_length is None and len(prompts) and min(len(x) for x in prompts):
+    prompt_length = prompt_bucket(max(len(x) for x in prompts), limit - max_new_tokens)
+  tokens, mask = pad_prompts(prompts, prompt_length, pad_id)
   if tokens.shape[1] + max_new_tokens > limit:
     raise ValueError(
         f"prompt length {tokens.shape[1]} + max_new_tokens {max_new_tokens} = "

@@ -137,6 +137,37 @@ def test_no_retrace_for_new_prompts_of_the_same_shape():
   assert sampler_lib.sample._cache_size() - before <= 1
 
 
+def test_prompt_buckets():
+  # Powers of two from 16 to 256, then multiples of 256; a limit caps the bucket, never
+  # below the prompt itself.
+  got = [sampler_lib.prompt_bucket(n) for n in (1, 16, 17, 200, 256, 257, 600)]
+  assert got == [16, 16, 32, 256, 256, 512, 768]
+  assert sampler_lib.prompt_bucket(20, limit=24) == 24
+  assert sampler_lib.prompt_bucket(30, limit=24) == 30  # too long: generate's check says so
+  with pytest.raises(ValueError, match="prompt length must be >= 1"):
+    sampler_lib.prompt_bucket(0)
+
+
+@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
+def test_prompt_lengths_in_one_bucket_compile_once_and_sample_as_unpadded():
+  """Two calls whose longest prompts (9 and 13 tokens) share the 16-slot bucket compile one
+  sampler, and each samples exactly what it samples padded only to its longest prompt."""
+  model = tiny_model(scale=3.0)
+  short = random_prompts(3, 2, 9, 61, seed=14)
+  long = random_prompts(3, 2, 13, 61, seed=14)
+  assert (max(map(len, short)), max(map(len, long))) == (9, 13)
+  kw = dict(max_new_tokens=6, num_samples=2, temperature=0.9)
+  before = sampler_lib.sample._cache_size()
+  bucketed = [sampling.generate(model, p, rng=jax.random.key(6), **kw) for p in (short, long)]
+  assert sampler_lib.sample._cache_size() - before == 1
+  for prompts, out in zip((short, long), bucketed):
+    exact = sampling.generate(model, prompts, rng=jax.random.key(6),
+                              prompt_length=max(map(len, prompts)), **kw)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(exact.tokens))
+    np.testing.assert_array_equal(np.asarray(out.mask), np.asarray(exact.mask))
+    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(exact.logprobs), atol=1e-6)
+
+
 def test_bad_sampling_input_is_refused_before_compiling():
   model = tiny_model()
   before = sampler_lib.sample._cache_size()
