@@ -92,3 +92,16 @@ def test_a_model_built_with_auto_computes_as_resolved_on_float32_params(monkeypa
   h, _ = model.hidden(tokens)
   assert h.dtype == jnp.dtype(dtype)  # the compute dtype
   assert model(tokens).dtype == jnp.float32  # logits: float32 accumulation
+
+
+def test_memory_plans_size_auto_as_the_target_backend_resolves_it():
+  """parallel/plan.py (--config): "auto" on this machine's backend is what a run here computes
+  in; on another it is judged by the platform alone (a GPU of unknown capability: float32,
+  the larger plan)."""
+  from dmpo_jax.parallel import plan
+  here = jax.default_backend()
+  assert plan.planned_dtype("auto", here) == precision.resolve("auto").dtype
+  if here == "cpu":  # the suite's backend (tests/conftest.py)
+    assert plan.planned_dtype("auto", "tpu") == "bfloat16"
+    assert plan.planned_dtype("auto", "gpu") == "float32"
+  assert plan.planned_dtype("bfloat16", "cpu") == "bfloat16"
