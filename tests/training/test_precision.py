@@ -1,4 +1,8 @@
-"""The update's numerics: chunked log-probs equal whole ones; bf16 compute stays near float32."""
+"""The update's numerics: chunked log-probs equal whole ones; bf16 compute stays near float32
+and keeps log-probs, entropies and losses in float32; model.dtype = "auto" in the config check,
+configs/collapse.py's float32 pin, and an "auto" run's recorded precision and resume check."""
+
+import json
 
 import jax
 import jax.numpy as jnp
@@ -150,3 +154,32 @@ def test_a_resume_refuses_another_resolved_compute_dtype():
   with pytest.raises(run_lib.TrainingError, match=r"w's checkpoint was trained in bfloat16 "
                      r"\(model.dtype='auto': TPU.*computes in float32 here \(CPU without"):
     run_lib.check_precision(bf16.record(), f32, "w")
+
+
+@pytest.mark.slow
+def test_auto_run_records_its_precision_and_refuses_a_resume_that_resolves_otherwise(
+    tmp_path, monkeypatch, capsys):
+  """model.dtype = "auto" on a simulated bfloat16 CPU: the run prints what it computes in,
+  records it in results.json and in the checkpoint's meta; rerun on a simulated CPU without
+  bfloat16 ("auto" now float32), the resume is refused before anything is written."""
+  from dmpo_jax.models import precision
+  from dmpo_jax.training import checkpoint as ckpt_lib
+  from dmpo_jax.training import run as run_lib
+  from dmpo_jax.training import stages
+  from tests.helpers import smoke
+  flags = {"now": frozenset({"avx2", "avx512_bf16"})}
+  monkeypatch.setattr(precision, "read_cpu_flags", lambda path="/proc/cpuinfo": flags["now"])
+  cfg = smoke(**{"model.dtype": "auto", "sft.steps": 1, "rl.steps": 1, "log.plots": False,
+                 "checkpoint.export_hf": False})
+  res = stages.train(cfg, str(tmp_path))
+  assert "compute dtype bfloat16 (model.dtype='auto': CPU flags avx512_bf16" in capsys.readouterr().out
+  want = {"requested": "auto", "dtype": "bfloat16", "param_dtype": "float32"}
+  assert {k: res["precision"][k] for k in want} == want
+  assert json.loads((tmp_path / "results.json").read_text())["precision"] == res["precision"]
+  ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"))
+  assert ck.read_meta(ck.latest_step())["precision"]["dtype"] == "bfloat16"
+  before = sorted(p.name for p in tmp_path.iterdir())
+  flags["now"] = frozenset({"avx2"})
+  with pytest.raises(run_lib.TrainingError, match="trained in bfloat16.*computes in float32 here"):
+    stages.train(cfg, str(tmp_path))
+  assert sorted(p.name for p in tmp_path.iterdir()) == before
