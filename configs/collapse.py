@@ -66,6 +66,9 @@ def get_config(arg: str | None = None):
   # Prompts of these tiny tasks take <= 76 tokens and optimal answers <= 19 (with EOS): shorter
   # buffers than configs/nphard.py's 160 + 32 make every stage about 2x faster.
   c.model.update(max_prompt_len=80, max_new_tokens=24)
+  # The study's results are float32 results: pinned here, whatever configs/nphard.py's default
+  # (never "auto", which picks bfloat16 on CPUs with native bfloat16: docs/PERFORMANCE.md).
+  c.model.update(dtype="float32", param_dtype="float32")
   # DPH-RL as the authors run it: D_pef = prompts whose 8 samples are all correct (here:
   # optimal), taken from the RL stream that every preset sees; each rehearsed response weighs
   # eta x one RL sample (8 of them next to 8 x 8 RL samples: 1/8, as 256 next to 2,048).

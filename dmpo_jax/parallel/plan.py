@@ -46,6 +46,7 @@ import numpy as np
 
 from dmpo_jax.parallel import sharding
 from dmpo_jax.models import attention
+from dmpo_jax.models import precision
 from dmpo_jax.models.config import ATTENTION, LORA_TARGETS, LoRAConfig, ModelConfig, as_dtype
 from dmpo_jax.models.vision import VisionConfig
 
@@ -389,6 +390,16 @@ def arg_parser():
   return ap
 
 
+def planned_dtype(dtype: str, backend: str) -> str:
+  """A config's model.dtype for a plan on `backend`: "auto" resolved (models/precision.py) on
+  this machine's devices when they are that backend; for another backend, from its platform
+  alone (a GPU of unknown compute capability: float32, the larger plan)."""
+  if dtype != precision.AUTO:
+    return dtype
+  here = jax.default_backend() == backend
+  return precision.resolve(dtype, precision.local_backend() if here else precision.Backend(backend)).dtype
+
+
 def from_config_file(spec: str, backend: str, mesh: dict):
   """(model config, mesh, workload, name) of a training config file[:arg] whose model.init is
   a Hugging Face folder (its config.json), with the config's LoRA, mesh and RL shapes."""
@@ -402,7 +413,7 @@ def from_config_file(spec: str, backend: str, mesh: dict):
   with open(os.path.join(c.model.init, "config.json")) as fh:
     hf_cfg = json.load(fh)
   vl = hf_cfg.get("model_type") == qwen2_5_vl.MODEL_TYPE
-  cfg = (qwen2_5_vl if vl else hf).config_from_hf(hf_cfg, dtype=c.model.dtype,
+  cfg = (qwen2_5_vl if vl else hf).config_from_hf(hf_cfg, dtype=planned_dtype(c.model.dtype, backend),
                                                   param_dtype=c.model.param_dtype)
   lcfg = build.lora_config(c.model.get("lora"))  # config.model.lora
   if lcfg is not None:

@@ -31,6 +31,7 @@ from dmpo_jax.data import gym
 from dmpo_jax.data import images as multimodal
 from dmpo_jax.data import transcripts
 from dmpo_jax.models.config import LORA_INITS, LORA_TARGETS
+from dmpo_jax.models.precision import AUTO
 from dmpo_jax.objectives import presets
 from dmpo_jax.parallel import sharding
 from dmpo_jax.training import memory
@@ -110,6 +111,8 @@ def Strs(names, optional=False) -> Spec:
 
 ANY = Spec((object,), "anything")
 DTYPES = ("float32", "bfloat16", "float16")
+# model.dtype may also be "auto": bfloat16 where the backend computes it natively, else float32
+# (models/precision.py; resolved once at setup, training/specs.py: model_precision)
 MESH_AXIS = Int(1, extra=(-1,))  # -1: all remaining devices
 
 # Every field of every config in configs/, with its type and range. Values live in configs/;
@@ -127,7 +130,8 @@ SCHEMA: dict[str, Spec] = {
     "model.tokenizer": Str(),
     "model.hidden_size": Int(1), "model.intermediate_size": Int(1), "model.num_layers": Int(1),
     "model.num_heads": Int(1), "model.num_kv_heads": Int(1), "model.head_dim": Int(1),
-    "model.rope_theta": Float(0), "model.dtype": Choice(DTYPES), "model.param_dtype": Choice(DTYPES),
+    "model.rope_theta": Float(0), "model.dtype": Choice(DTYPES + (AUTO,)),
+    "model.param_dtype": Choice(DTYPES),
     "model.max_prompt_len": Int(1), "model.max_new_tokens": Int(1), "model.remat": Bool(),
     "model.vision": Spec((dict, object), "a dict of vision-tower sizes", optional=True),
     "model.mrope_section": Ints(1, optional=True),

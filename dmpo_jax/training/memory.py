@@ -60,7 +60,7 @@ def model_config(cfg):
     return build.vlm_config(spec)[0]
   if m.init == "scratch":
     return build.scratch_config(spec, build.scratch_tokenizer(spec))
-  mc = hf.model_config(m.init, dtype=m.dtype, param_dtype=m.param_dtype)
+  mc = hf.model_config(m.init, dtype=spec.dtype, param_dtype=m.param_dtype)  # "auto" resolved
   lora = spec.lora  # adapters: only they are trained (parallel/plan.py)
   if lora is None:
     return mc

@@ -225,7 +225,7 @@ class Run:
     state.counters["times"] = self.times
     self.ckpt.save(state.step, state.params, state.opt_state,
                    checkpoint_meta(state, stage, config_lib.config_json(self.cfg),
-                                   self.model_shape))
+                                   self.model_shape, self.specs.precision.record()))
 
   def maybe_stop(self, state: TrainState, stage: str, stop) -> bool:
     """On a signal or at config.stop_at_step: save and report True (all processes agree)."""
@@ -294,6 +294,10 @@ def setup(cfg, workdir: str, allow_config_change=()) -> tuple[Run, TrainState]:
   write_config = config_lib.check_resume(cfg, workdir, allow_config_change)
   specs_lib.check_points(cfg)
   specs = specs_lib.compile(cfg)
+  if dist.is_main():  # once per run: what model.dtype computes in here, and why
+    p = specs.precision
+    print(f"compute dtype {p.dtype} (model.dtype={p.requested!r}: {p.reason}); parameters and "
+          f"optimizer state {cfg.model.param_dtype}", flush=True)
   lock_workdir(workdir, take=False)  # a run there now: refused before the model is built
   taskset = specs_lib.taskset(cfg, task_keys(cfg))
   reward_cfg = domain.RewardConfig(**dict(cfg.rl.reward))
@@ -351,6 +355,7 @@ def open_workdir(run: Run, params, write_config: bool) -> TrainState:
     params, opt_state, meta = run.ckpt.restore(latest, params, opt_state, run.model_shape)
     if meta["seed"] != cfg.seed:
       raise TrainingError(f"{workdir} holds a run with seed {meta['seed']}, config has {cfg.seed}")
+    check_precision(meta.get("precision"), run.specs.precision, workdir)
     state = dataclasses.replace(state, params=params, opt_state=opt_state, step=meta["step"],
                                 counters=meta["counters"])
     print(f"resumed {workdir} at step {state.step} ({meta['stage']})", flush=True)
@@ -365,6 +370,19 @@ def open_workdir(run: Run, params, write_config: bool) -> TrainState:
     run.progress = tqdm(total=cfg.sft.steps + cfg.rl.steps, initial=state.step, desc="train",
                         unit="step", dynamic_ncols=True)
   return state
+
+
+def check_precision(saved: dict | None, now, workdir: str) -> None:
+  """A resumed run computes in the dtype its checkpoint was trained in (`saved`: the meta's
+  "precision"; None for a checkpoint written before it was recorded). An explicit model.dtype
+  cannot change (config.json's contract); "auto" (`models.precision`) can, on other hardware,
+  and a run that changed its compute dtype half-way would not be the run it resumes."""
+  if saved is not None and saved.get("dtype") != now.dtype:
+    raise TrainingError(
+        f"{workdir}'s checkpoint was trained in {saved.get('dtype')} (model.dtype="
+        f"{saved.get('requested')!r}: {saved.get('reason')}) but model.dtype={now.requested!r} "
+        f"computes in {now.dtype} here ({now.reason}); resume it where it resolves to "
+        f"{saved.get('dtype')}, or start another --workdir")
 
 
 # ---------------------------------------------------------------------------

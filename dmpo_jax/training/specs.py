@@ -25,6 +25,7 @@ import dataclasses
 from dmpo_jax.data import images as multimodal
 from dmpo_jax.data import domain, instances, pipeline
 from dmpo_jax.models import build as model_build
+from dmpo_jax.models import precision as precision_lib
 from dmpo_jax.training import dph, perception
 from dmpo_jax.training import points as eval_points
 from dmpo_jax.training.evaluation import EvalSpec
@@ -82,9 +83,16 @@ def perception_spec(cfg) -> perception.PerceptionSpec:
       num_per_task=cfg.eval.num_per_task, batch_prompts=cfg.eval.batch_prompts)
 
 
-def model_spec(cfg) -> model_build.ModelSpec:
-  """The policy (config.model, the run's seed); with config.model.vision, the from-scratch
-  tower's settings (and config.image's pixel range, which its processor uses)."""
+def model_precision(cfg) -> precision_lib.Precision:
+  """config.model.dtype resolved on this machine's devices: "auto" is bfloat16 compute where
+  they compute it natively, float32 elsewhere (models/precision.py); an explicit dtype as it is."""
+  return precision_lib.resolve(cfg.model.dtype)
+
+
+def model_spec(cfg, precision: precision_lib.Precision | None = None) -> model_build.ModelSpec:
+  """The policy (config.model, the run's seed; the compute dtype `precision`'s, by default
+  `model_precision(cfg)`'s); with config.model.vision, the from-scratch tower's settings (and
+  config.image's pixel range, which its processor uses)."""
   m = cfg.model
   vision = None
   if m.get("vision"):
@@ -94,7 +102,8 @@ def model_spec(cfg) -> model_build.ModelSpec:
         min_pixels=im.min_pixels, max_pixels=im.max_pixels, mean=im.get("mean"), std=im.get("std"),
         patch_budget=im.patch_budget)
   return model_build.ModelSpec(
-      init=m.init, tokenizer=m.tokenizer, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat,
+      init=m.init, tokenizer=m.tokenizer, dtype=(precision or model_precision(cfg)).dtype,
+      param_dtype=m.param_dtype, remat=m.remat,
       seed=cfg.seed, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
       num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
       head_dim=m.head_dim, rope_theta=m.rope_theta,
@@ -177,11 +186,14 @@ class Specs:
   perception: perception.PerceptionSpec
   model: model_build.ModelSpec
   encoder: multimodal.EncoderSpec
+  precision: precision_lib.Precision  # model.dtype resolved (model.dtype: its `dtype`)
 
 
 def compile(cfg) -> Specs:  # noqa: A001 (the config is compiled once, at setup)
+  prec = model_precision(cfg)
   return Specs(eval=eval_spec(cfg), points=points_spec(cfg), dph=dph_spec(cfg),
-               perception=perception_spec(cfg), model=model_spec(cfg), encoder=encoder_spec(cfg))
+               perception=perception_spec(cfg), model=model_spec(cfg, prec),
+               encoder=encoder_spec(cfg), precision=prec)
 
 
 def transfer_spec(cfg):

@@ -358,6 +358,7 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
                            "eval_after_prompts": after.get("prompt_truncated", 0)},
              "steps": {"sft": cfg.sft.steps, "rl": cfg.rl.steps}, "algo": cfg.rl.algo,
              "seed": cfg.seed, "nonfinite_steps": state.counters["nonfinite_total"],
+             "precision": dict(run.specs.precision.record(), param_dtype=cfg.model.param_dtype),
              "wall_s": time.time() - t_start}
   zero = (report.read_result(os.path.join(run.workdir, "eval_zero_shot.json"), EVAL_KEYS)[0]
           if cfg.eval.zero_shot else None)

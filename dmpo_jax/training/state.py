@@ -48,10 +48,15 @@ class TrainState:
     return jax.random.fold_in(self.key, DPH_STREAM + first_prompt)
 
 
-def checkpoint_meta(state: TrainState, stage: str, config_json: dict, model_shape: dict) -> dict:
+def checkpoint_meta(state: TrainState, stage: str, config_json: dict, model_shape: dict,
+                    precision: dict | None = None) -> dict:
   """The JSON record saved next to params and optimizer state; config_json: the run's config
-  as config.json holds it (`config.config_json`)."""
-  return {"step": state.step, "stage": stage, "seed": config_json["seed"],
+  as config.json holds it (`config.config_json`); precision: the compute dtype it trained in
+  (`models.precision.Precision.record`: what model.dtype = "auto" resolved to, and why)."""
+  meta = {"step": state.step, "stage": stage, "seed": config_json["seed"],
           "rng_key": np.asarray(jax.random.key_data(state.key)).tolist(),
           "data_position": state.step, "model_shape": model_shape,
           "counters": state.counters, "config": config_json}
+  if precision is not None:
+    meta["precision"] = precision
+  return meta
