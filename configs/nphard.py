@@ -71,6 +71,10 @@ def get_config(arg: str | None = None):
       freeze_vision=True,      # as sft.freeze_vision, for RL
       vision_lr_scale=1.0,
       log_term_grads=0,        # N >= 1: log the terms' gradient norms every N-th RL step (0: never)
+      # the update's and reference pass's forward runs each prompt once per group (the same
+      # log-probs up to float32 rounding, docs/PERFORMANCE.md): "auto" wherever it applies
+      # (not image prompts or DPH's stored rows), "on" required, "off" per row
+      prefix_shared="auto",
   ))
   # Overrides of the preset's objective fields (None = the preset's default).
   c.rl.objective = config_dict.ConfigDict(

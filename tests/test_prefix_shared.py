@@ -96,7 +96,7 @@ def _loss(name, fn):
 def _compare(graphdef, params, batch, losses=("like",)):
   """(max |log-prob difference|, max |entropy difference|, {loss: max relative gradient
   difference}) of the prefix-shared forward against the per-row one."""
-  per_row = steps.make_logprob_fn(graphdef, LP)
+  per_row = steps.make_logprob_fn(graphdef, LP, prefix_shared=False)
   shared = steps.make_logprob_fn(graphdef, LP, prefix_shared=True)
   want, got = jax.jit(per_row)(params, batch["seqs"]), jax.jit(shared)(params, batch["seqs"])
   assert [p[0] for p in shared.paths] == ["prefix_shared"]
@@ -182,7 +182,7 @@ def test_flowrl_log_z_and_its_gradient_equal_per_row():
   params["log_z"] = flowrl.init_log_z_head(jax.random.key(3), 32)
   batch = _batch(3, 4, seed=2)
   batch["ref_logprobs"] = batch["old_logprobs"] - 0.1
-  per_row = steps.make_logprob_fn(graphdef, LP)
+  per_row = steps.make_logprob_fn(graphdef, LP, prefix_shared=False)
   shared = steps.make_logprob_fn(graphdef, LP, prefix_shared=True)
   log_z = lambda fn: jax.jit(fn)(params, batch["seqs"])["log_z"]
   np.testing.assert_allclose(log_z(shared), log_z(per_row), atol=1e-5, rtol=0)
@@ -201,7 +201,7 @@ def test_flat_rows_with_a_group_size_and_the_jitted_eval():
   data_sh = NamedSharding(mesh, PartitionSpec("data"))
   p_sh = jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), params)
   flat = {k: jax.device_put(np.reshape(v, (8, -1)), data_sh) for k, v in batch["seqs"].items()}
-  want = steps.make_logprob_eval(graphdef, LP, 0.9)(params, flat)
+  want = steps.make_logprob_eval(graphdef, LP, 0.9, prefix_shared=False)(params, flat)
   auto = steps.make_logprob_eval(graphdef, LP, 0.9, shardings=(p_sh, data_sh, None),
                                  prefix_shared=None)
   before = steps.PATHS.copy()
@@ -302,3 +302,67 @@ def test_forward_flops_drop_as_counted(lp):
   measured = (_forward_flops(graphdef, params, lp, True, prompts, g, lt)
               / _forward_flops(graphdef, params, lp, False, prompts, g, lt))
   assert abs(measured - expected) < 0.02, (measured, expected)
+
+
+def _broken(batch, masked=False):
+  """The batch with row (1, 2)'s real prompt token 3 changed: the [prompts, G] layout claims
+  a group that is not one. masked: that row's completion mask 0 too (its NaN log-probs
+  multiplied by 0 in a masked mean)."""
+  tokens = batch["seqs"]["tokens"].copy()
+  tokens[1, 2, 3] = (tokens[1, 2, 3] + 1) % 61
+  mask = batch["mask"].copy()
+  if masked:
+    mask[1, 2] = 0
+  return dict(batch, seqs=dict(batch["seqs"], tokens=tokens), mask=mask)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_an_update_whose_groups_do_not_hold_is_skipped_and_counted(masked):
+  """make_rl_step's default (prefix_shared=None) on [prompts, G] rows whose prompt is not
+  their group's: the step is skipped (params and optimizer state bit-identical) and
+  metrics["prefix_layout_errors"] counts the row, with micro-batches too; the per-row forward
+  (prefix_shared=False) trains on the same batch and counts nothing; the intact batch trains
+  with the default and counts nothing."""
+  graphdef, params = _model("qwen2")
+  good = _batch(4, 3, seed=7, pads=[0, 0, 2, 4])  # row (1, 2)'s prompt slot 3 is real
+  bad = _broken(good, masked)
+  obj = presets.objective_config("grpo")
+
+  def run(batch, **kw):
+    opt = optax.adam(1e-2)
+    p0 = jax.tree.map(jnp.copy, params)
+    new, state, m = steps.make_rl_step(graphdef, obj, opt, LP, 1.0, **kw)(p0, opt.init(p0), batch)
+    moved = max(float(jnp.max(jnp.abs(a - b)))
+                for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(params)))
+    return int(m["skipped"]), int(m["prefix_layout_errors"]), moved
+
+  for kw in ({}, {"micro_batches": 2}):
+    before = steps.PATHS.copy()
+    assert run(bad, **kw)[:2] == (1, 1), kw
+    assert run(bad, **kw)[2] == 0.0, kw  # nothing moved
+    assert {p[0] for p in steps.PATHS - before} == {"prefix_shared"}, kw
+    skipped, errors, moved = run(good, **kw)
+    assert (skipped, errors) == (0, 0) and moved > 0, kw
+  skipped, errors, moved = run(bad, prefix_shared=False)
+  assert (skipped, errors) == (0, 0) and moved > 0
+
+
+def test_forward_path_is_what_make_logprob_fn_runs():
+  """`forward_path` (what the stages report) decides from the shapes alone, and the traced
+  function counts the same (forward, why, G)."""
+  graphdef, params = _model("qwen2")
+  batch = _batch(3, 4, seed=8)
+  flat = {k: jnp.asarray(v).reshape(12, -1) for k, v in batch["seqs"].items()}
+  for prefix_shared, seqs, g, want in (
+      (None, batch["seqs"], None, ("prefix_shared", "3 prompts x 4", 4)),
+      (None, flat, 4, ("prefix_shared", "3 prompts x 4", 4)),
+      (None, flat, None, ("per_row", "flat seqs [B, P+T] and no group_size", 1)),
+      (None, flat, 5, ("per_row", "12 rows are not groups of 5", 1)),
+      (False, batch["seqs"], None, ("per_row", "prefix_shared=False", 1))):
+    fn = steps.make_logprob_fn(graphdef, LP, prefix_shared=prefix_shared)
+    assert steps.forward_path(prefix_shared, seqs, LP, g) == want
+    jax.eval_shape(lambda p, s: fn(p, s, g), params, seqs)
+    assert list(fn.paths) == [want]
+  assert steps.make_logprob_fn(graphdef, LP)(params, batch["seqs"]) is not None  # default: None
+  with pytest.raises(ValueError, match="prefix_shared=True does not apply: flat seqs"):
+    steps.forward_path(True, flat, LP)

@@ -90,7 +90,7 @@ def as_is() -> Design:
 SHARE_SAFE = ("rl.algo", "rl.objective.", "rl.steps", "rl.prompts_per_step", "rl.group_size", "rl.lr",
               "rl.temperature", "rl.top_p", "rl.max_grad_norm", "rl.rollout_chunks",
               "rl.micro_batches", "rl.nonfinite_patience", "rl.check_recompile", "rl.log_term_grads",
-              "dph.",
+              "rl.prefix_shared", "dph.",
               "stop_at_step", "check_memory", "log.", "checkpoint.")
 SFT_DIR = "_sft"
 # Evaluations of the SFT policy that every run of a seed shares: before RL, and the first

@@ -110,6 +110,8 @@ def Strs(names, optional=False) -> Spec:
 
 
 ANY = Spec((object,), "anything")
+# config.rl.prefix_shared -> steps.make_logprob_fn's prefix_shared
+PREFIX_SHARED = {"auto": None, "on": True, "off": False}
 DTYPES = ("float32", "bfloat16", "float16")
 # model.dtype may also be "auto": bfloat16 where the backend computes it natively, else float32
 # (models/precision.py; resolved once at setup, training/specs.py: model_precision)
@@ -156,6 +158,10 @@ SCHEMA: dict[str, Spec] = {
     "rl.rollout_chunks": Int(1), "rl.micro_batches": Int(0), "rl.nonfinite_patience": Int(1),
     "rl.check_recompile": Bool(), "rl.freeze_vision": Bool(), "rl.vision_lr_scale": Float(0),
     "rl.log_term_grads": Int(0),
+    # the update's and reference pass's forward: each prompt once per group (steps.py
+    # make_logprob_fn): "auto" where it applies, "on" required (refused where it cannot
+    # apply), "off" per row
+    "rl.prefix_shared": Choice(PREFIX_SHARED),
     "rl.objective.*": ANY,  # each checked by presets.objective_config, which names it
     "rl.reward.format_bonus": Float(0, open_lo=False), "rl.reward.cap": Float(0),
     "rl.reward.ground_truth": Choice(("reference", "optimal")),
@@ -206,7 +212,10 @@ SCHEMA: dict[str, Spec] = {
 # logged, saved or laid out on devices, not what it computes.
 SAFE_TO_CHANGE = ("log.every", "log.tensorboard", "log.plots", "log.progress", "checkpoint.every",
                   "checkpoint.keep", "checkpoint.export_hf", "mesh.data", "mesh.fsdp", "mesh.tensor",
-                  "rl.check_recompile", "rl.nonfinite_patience")
+                  "rl.check_recompile", "rl.nonfinite_patience", "rl.prefix_shared")
+# rl.prefix_shared is among them: like the mesh, it changes the order of the same float32
+# sums (log-probs within 1e-5 of the per-row forward's, tests/test_prefix_shared.py), not what
+# is computed.
 # Instructions to this invocation, not part of the run.
 NEVER_COMPARED = ("stop_at_step", "check_memory")
 
@@ -362,6 +371,9 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
     raise ConfigError(f"config.rl.micro_batches={mb} must be 0 (auto) or divide rl.prompts_per_step="
                       f"{cfg.rl.prompts_per_step} (and dph.batch), leaving slices divisible by the "
                       f"mesh's data x fsdp size ({rows})")
+  why = prefix_shared_error(cfg, need)
+  if why:
+    raise ConfigError(why)
   if "collapse" in cfg:
     c = cfg.collapse
     if c.max_optima < c.min_optima:
@@ -378,6 +390,26 @@ def check_config(cfg, obj: presets.ObjectiveConfig, mesh) -> None:
   why = memory.refusal(cfg, obj, mesh, most)  # last: it sizes the run by the fields checked above
   if why:
     raise ConfigError(why)
+
+
+def prefix_shared_error(cfg, need) -> str | None:
+  """Why config.rl.prefix_shared="on" (the prefix-shared forward required: steps.py
+  `forward_path`) cannot apply to this config's log-prob passes; None when it can, or with
+  "auto" / "off"."""
+  if cfg.rl.prefix_shared != "on":
+    return None
+  why = None
+  if "vision" in cfg.model or cfg.prompt_style in domain.IMAGE_STYLES:
+    why = (f"a vision-language policy (config.model.vision, config.prompt_style="
+           f"{cfg.prompt_style!r}) runs image prompts per row")
+  elif need.dph_store:
+    why = f"{cfg.rl.algo}'s stored D_pef responses are single rows, one per prompt"
+  elif cfg.rl.group_size < 2:
+    why = f"config.rl.group_size={cfg.rl.group_size}: groups of one share nothing"
+  elif cfg.model.max_new_tokens < 2:
+    why = f"config.model.max_new_tokens={cfg.model.max_new_tokens}: one-token completions"
+  return None if why is None else (f"config.rl.prefix_shared='on' cannot apply: {why}; use "
+                                   "'auto' (prefix-shared where it applies) or 'off'")
 
 
 # ---------------------------------------------------------------------------
@@ -436,7 +468,8 @@ def config_json(cfg) -> dict:
 # workdir whose config.json lacks one resumes unchanged when the config has that value.
 ADDED_FIELDS = {"sft.gym_tasks": "", "eval.zero_shot": False, "eval.points": 0, "eval.points_samples": "",
                 "eval.transfer": "", "eval.transfer_num_per_task": 6, "eval.transfer_samples": 4,
-                "eval.transfer_max_prompt_len": 0, "eval.transfer_max_new_tokens": 0}
+                "eval.transfer_max_prompt_len": 0, "eval.transfer_max_new_tokens": 0,
+                "rl.prefix_shared": "off"}  # runs before the field ran every forward per row
 
 
 def config_changes(saved: dict, cfg) -> dict:

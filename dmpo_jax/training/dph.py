@@ -64,6 +64,10 @@ def presample(spec: DPHSpec, workdir, taskset, encoder, sampler, logprob_eval, p
   """The store (read from workdir if a previous run wrote it): the pef_* arrays, pef_index (the
   flat stream index of each stored response's prompt) and exp_index (pre-sampled, not D_pef).
 
+  logprob_eval(params, seqs, group_size) -> log-probs [B, T] (`steps.make_logprob_eval`): the
+  seqs' rows are each prompt's k samples, adjacent, so group_size=k lets it run each prompt
+  once (prefix-shared); a row it cannot place in its group (NaN) is refused, not stored.
+
   images: for image prompts, images(items, prompt_tokens [Bp, P], prompt_mask) -> the prompts'
   `qwen2_5_vl.prompt_images` arrays (host); the sampler and logprob_eval get them."""
   path = os.path.join(workdir, STORE)
@@ -95,7 +99,13 @@ def presample(spec: DPHSpec, workdir, taskset, encoder, sampler, logprob_eval, p
     seqs = {"tokens": jnp.concatenate([dist.to_global(pt, sh), tokens], 1), "prompt_mask": dist.to_global(pm, sh)}
     if vis is not None:  # rows are the prompts' groups of k samples
       seqs["images"] = dist.tree_to_global(vis, sh)
-    ref = dist.to_host(logprob_eval(params, seqs))
+    ref = dist.to_host(logprob_eval(params, seqs, group_size=k))  # rows: k samples per prompt
+    bad = ~np.isfinite(ref).all(-1)
+    if bad.any():  # the prefix-shared forward's NaN rows (a broken layout), or a broken policy
+      raise ValueError(f"DPH pre-sampling: the log-probs of {int(bad.sum())} of {len(ref)} rows "
+                       f"(prompts {c0}..) are not finite: a row whose prompt is not its group's "
+                       f"first row's (the prefix-shared forward's groups of k={k} adjacent rows, "
+                       "config.rl.prefix_shared), or a non-finite policy; nothing was stored")
     tokens, mask = dist.to_host(tokens), dist.to_host(mask)
     texts = encoder.texts(tokens, mask)
     _, stats = pipeline.score_groups(part[:real], texts[:real * k], k, reward_cfg)

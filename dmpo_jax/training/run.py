@@ -29,6 +29,7 @@ from dmpo_jax.training import lock as lock_lib
 from dmpo_jax.training import evaluation, perception, report
 from dmpo_jax.training import rollout as rollout_lib
 from dmpo_jax.training import specs as specs_lib
+from dmpo_jax.training import steps as steps_lib
 from dmpo_jax.training import transfer as transfer_lib
 from dmpo_jax.training.evaluation import EVAL_KEYS
 from dmpo_jax.data import domain, pipeline
@@ -112,6 +113,8 @@ class Run:
   transfer: Any = None  # its transfer.Transfer (config.eval.transfer), made once
   truncated: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(
       ("prompt_truncated", "sft_truncated"), 0))  # this process's cuts (results.json)
+  # {log-prob pass: "forward (why)"} (`note_forward`; saved in checkpoints, in results.json)
+  forwards: dict = dataclasses.field(default_factory=dict)
 
   @property
   def prompt_len(self) -> int:
@@ -120,6 +123,22 @@ class Run:
   @property
   def completion_len(self) -> int:
     return self.cfg.model.max_new_tokens
+
+  @property
+  def prefix_shared(self) -> bool | None:
+    """config.rl.prefix_shared as `steps.make_logprob_fn`'s prefix_shared (None: "auto")."""
+    return config_lib.PREFIX_SHARED[self.cfg.rl.prefix_shared]
+
+  def note_forward(self, name: str, seqs, group_size=None) -> None:
+    """Record which forward the log-prob pass `name` runs on seqs (`steps.forward_path`, the
+    function make_logprob_fn decides by) and print it the first time, or when it changes:
+    with config.rl.prefix_shared="auto" a pass that cannot share prompts says why."""
+    path = steps_lib.forward_path(self.prefix_shared, seqs, self.prompt_len, group_size)
+    said = f"{path[0]} ({path[1]})"
+    if self.forwards.get(name) != said:
+      self.forwards[name] = said
+      if dist.is_main():
+        print(f"log-probs, {name}: {said}", flush=True)
 
   def init_opt(self, stage: str, params):
     """A fresh optimizer state of `stage` ("sft" or "rl") on the mesh, placed by that stage's
@@ -223,6 +242,7 @@ class Run:
 
   def save(self, state: TrainState, stage: str) -> None:
     state.counters["times"] = self.times
+    state.counters["logprob_forward"] = self.forwards
     self.ckpt.save(state.step, state.params, state.opt_state,
                    checkpoint_meta(state, stage, config_lib.config_json(self.cfg),
                                    self.model_shape, self.specs.precision.record()))
@@ -362,6 +382,7 @@ def open_workdir(run: Run, params, write_config: bool) -> TrainState:
   if write_config and dist.is_main():  # the contract, once the checkpoint is known to fit
     report.write_json(config_lib.config_json(cfg), os.path.join(workdir, "config.json"))
   run.times.update(state.counters.get("times", {}))
+  run.forwards.update(state.counters.get("logprob_forward", {}))
   run.writer = (report.MetricsWriter(workdir, cfg.log.tensorboard,
                                      resume_step=state.step if latest is not None else None)
                 if dist.is_main() else report.NullWriter(workdir))

@@ -175,7 +175,8 @@ class RLSteps:
     self.sampler = run.sampler(run.sampling_config(cfg.rl.group_size, cfg.rl.temperature,
                                                    cfg.rl.top_p))
     self.logprob_eval = steps.make_logprob_eval(run.graphdef, run.prompt_len, cfg.rl.temperature,
-                                                shardings=(run.p_sh, run.data_sh, None))
+                                                shardings=(run.p_sh, run.data_sh, None),
+                                                prefix_shared=run.prefix_shared)
     self.store, self.dph_images = dph_presample(run, state, self.logprob_eval)
     self.spec = run.rollout_spec()
 
@@ -188,7 +189,8 @@ class RLSteps:
         steps.make_rl_step(run.graphdef, run.obj, run.rl_opt, run.prompt_len, cfg.rl.temperature,
                            shardings=(run.p_sh, run.rl_o_sh, run.data_sh, run.rep),
                            micro_batches=memory.micro_batches(cfg, run.obj, run.mesh),
-                           term_grads=terms, **run.vision_opts("rl"))
+                           term_grads=terms, prefix_shared=run.prefix_shared,
+                           **run.vision_opts("rl"))
         for terms in (False, True))
     state, self.reference, points = start_policies(run, state)
     self.first, self.skipped = state.step, 0  # consecutive non-finite losses
@@ -204,9 +206,7 @@ class RLSteps:
     """(rollouts, the update's batch) of `state`'s step: its rollouts' rows and, for dph_*
     presets, the rehearsed D_pef rows."""
     run, rl_step = self.run, state.step - self.run.cfg.sft.steps
-    # A LoRA reference is the current params' base (lora.reference_params).
-    ref_fn = (None if self.reference is None else lambda seqs: self.logprob_eval(
-        lora.reference_params(self.reference, state.params), seqs))
+    ref_fn = None if self.reference is None else lambda seqs: self.reference_logprobs(state, seqs)
     rollouts = collect_rollouts(self.sampler, state.params, self.items(state.step), run.encoder,
                                 spec=self.spec, rng=state.rl_key(), ref_fn=ref_fn, rl_step=rl_step,
                                 shaping_state=shaping_state(state, run.obj))
@@ -215,11 +215,22 @@ class RLSteps:
         dph.batch_part(self.store, rl_step, run.cfg.dph.batch, self.dph_images), run.data_sh))
     return rollouts, batch
 
+  def reference_logprobs(self, state: TrainState, seqs: dict):
+    """The reference policy's log-probs [B, T] of a rollout piece's flat rows (each prompt's
+    G samples adjacent: prefix-shared in groups of G where it applies). A LoRA reference is
+    the current params' base (lora.reference_params)."""
+    g = self.run.cfg.rl.group_size
+    self.run.note_forward("reference", seqs, g)
+    return self.logprob_eval(lora.reference_params(self.reference, state.params), seqs, g)
+
   def update(self, state: TrainState, rollouts, batch: dict) -> tuple[TrainState, dict]:
     """(state, metrics row): one update on `batch` (the terms' gradient norms every
     config.rl.log_term_grads steps), checked: no recompilation, no run of non-finite losses."""
     run, cfg = self.run, self.run.cfg
     rl_step = state.step - cfg.sft.steps
+    run.note_forward("update", batch["seqs"])
+    if "dph_seqs" in batch:
+      run.note_forward("update, DPH's stored rows", batch["dph_seqs"])
     t2 = time.time()
     state, m = update(state, batch, self.updates[bool(self.every and rl_step % self.every == 0)])
     update_s = time.time() - t2
@@ -229,6 +240,13 @@ class RLSteps:
     traces = max(steps.TRACES[k] - n for k, n in self.traces0.items())
     if cfg.rl.check_recompile and state.step - self.first >= 2 and traces > 1:
       raise TrainingError(f"the RL update recompiled ({traces} traces); batch shapes must stay fixed")
+    if int(m["prefix_layout_errors"]):
+      raise TrainingError(
+          f"step {state.step}: {int(m['prefix_layout_errors'])} rows of the update's batch have "
+          "another prompt than their group's first row (the prefix-shared forward reads each "
+          "group's prompt once, config.rl.prefix_shared): the step was skipped, not trained on. "
+          "The batch's [prompts, G] layout is broken; the last good checkpoint "
+          f"({run.ckpt.latest_step()}) is intact.")
     self.skipped = self.skipped + 1 if int(m["skipped"]) else 0
     if self.skipped >= cfg.rl.nonfinite_patience:
       raise TrainingError(
@@ -285,8 +303,12 @@ def dph_presample(run: Run, state: TrainState, logprob_eval) -> tuple:
   if not (presets.needs(run.obj).dph_store and cfg.rl.steps):
     return None, None
   dph_sampler = run.sampler(run.sampling_config(cfg.dph.samples, cfg.rl.temperature, cfg.rl.top_p))
+
+  def noted(params, seqs, group_size=None):  # says which forward the store's log-probs ran
+    run.note_forward("DPH store", seqs, group_size)
+    return logprob_eval(params, seqs, group_size)
   store = run.timed("dph", dph.presample, run.specs.dph, run.workdir, run.taskset, run.encoder,
-                    dph_sampler, logprob_eval, state.params, state, run.reward_cfg,
+                    dph_sampler, noted, state.params, state, run.reward_cfg,
                     None if run.vl_cfg is None else run.images)
   return store, dph_image_fn(run, store)
 
@@ -359,7 +381,7 @@ def finish(run: Run, state: TrainState, before: dict, t_start: float) -> dict:
              "steps": {"sft": cfg.sft.steps, "rl": cfg.rl.steps}, "algo": cfg.rl.algo,
              "seed": cfg.seed, "nonfinite_steps": state.counters["nonfinite_total"],
              "precision": dict(run.specs.precision.record(), param_dtype=cfg.model.param_dtype),
-             "wall_s": time.time() - t_start}
+             "logprob_forward": run.forwards, "wall_s": time.time() - t_start}
   zero = (report.read_result(os.path.join(run.workdir, "eval_zero_shot.json"), EVAL_KEYS)[0]
           if cfg.eval.zero_shot else None)
   if zero is not None:  # the initial policy, before SFT

@@ -28,7 +28,8 @@ from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training.state import TrainState
 
 TRACES: collections.Counter = collections.Counter()  # compilations per step function
-# Traces of `make_logprob_fn`s by (forward, reason): "prefix_shared" or "per_row".
+# Traces of `make_logprob_fn`s by `forward_path`: (forward, reason, G), forward "prefix_shared"
+# or "per_row".
 PATHS: collections.Counter = collections.Counter()
 
 
@@ -150,7 +151,7 @@ def sequence_inputs(prompt_mask, completion_len: int):
 
 def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
                     entropy: bool = True, chunk: int | None = None,
-                    freeze_vision: bool = True, prefix_shared: bool | None = False,
+                    freeze_vision: bool = True, prefix_shared: bool | None = None,
                     group_size: int | None = None) -> Callable:
   """logprob_fn(params, seqs, group_size=None) -> {"logprobs", "entropy"[, "log_z"]}, shapes [..., T].
 
@@ -169,10 +170,11 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
   flat seqs [B, P+T] groups of `group_size` adjacent rows ([prompt0 x G, prompt1 x G, ...]);
   the call's group_size overrides the one given here. The same log-probs as the per-row
   forward up to float32 rounding; a row whose prompt is not its group's first row's gets NaN
-  log-probs (a layout error must not train silently). False: the per-row forward; None:
-  prefix-shared wherever it applies, per-row otherwise (image prompts, flat seqs without
-  a group size, groups of one, one-token completions); True: prefix-shared or a ValueError.
-  Which forward each trace ran, and why, is counted in `fn.paths` and `PATHS`.
+  log-probs (a layout error must not train silently; `layout_errors` counts such rows).
+  None (the default): prefix-shared wherever it applies, per-row otherwise (image prompts,
+  flat seqs without a group size, groups of one, one-token completions); False: the per-row
+  forward; True: prefix-shared or a ValueError. `forward_path` says which forward a call runs
+  and why; each trace counts it in `fn.paths` and `PATHS`.
   """
   if prefix_shared not in (None, True, False):
     raise ValueError(f"prefix_shared must be None, True or False, got {prefix_shared!r}")
@@ -187,7 +189,7 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
     model = nnx.merge(graphdef, lora_lib.freeze_base(params["model"]))  # LoRA: no base gradient
     vl = isinstance(model, qwen2_5_vl.Qwen2_5_VL)
     lm = model.language if vl else model
-    path = _forward_path(prefix_shared, seqs, lead, t, group_size)
+    path = forward_path(prefix_shared, seqs, prompt_len, group_size)
     paths[path] += 1
     PATHS[path] += 1
     c = chunk if chunk is not None else (t if jax.default_backend() == "cpu" else auto_chunk(t))
@@ -217,8 +219,14 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
   return fn
 
 
-def _forward_path(prefix_shared, seqs, lead, t: int, group_size):
-  """("prefix_shared", why, G) or ("per_row", why, 1): the forward `make_logprob_fn` runs."""
+def forward_path(prefix_shared, seqs, prompt_len: int, group_size=None) -> tuple:
+  """("prefix_shared", why, G) or ("per_row", why, 1): the forward that
+  `make_logprob_fn(prefix_shared=...)` runs on seqs (arrays or shapes, [..., P+T]) with this
+  group_size, decided from the shapes alone (so a caller can say which ran without tracing);
+  a ValueError where prefix_shared=True does not apply."""
+  lead, t = seqs["tokens"].shape[:-1], seqs["tokens"].shape[-1] - prompt_len
+  if prefix_shared not in (None, True, False):
+    raise ValueError(f"prefix_shared must be None, True or False, got {prefix_shared!r}")
   if prefix_shared is False:
     return ("per_row", "prefix_shared=False", 1)
   if seqs.get("images") is not None:
@@ -243,6 +251,31 @@ def _forward_path(prefix_shared, seqs, lead, t: int, group_size):
   return ("per_row", why, 1)
 
 
+def layout_errors(prefix_shared, seqs, prompt_len: int, group_size=None):
+  """The number of rows (int32 scalar) to which the prefix-shared forward gives NaN log-probs:
+  rows whose real prompt tokens or prompt mask differ from their group's first row's. 0 where
+  `forward_path` is the per-row forward."""
+  path = forward_path(prefix_shared, seqs, prompt_len, group_size)
+  if path[0] != "prefix_shared":
+    return jnp.zeros((), jnp.int32)
+  n = seqs["tokens"].shape[-1]
+  same = _same_prompt(seqs["tokens"].reshape(-1, n), seqs["prompt_mask"].reshape(-1, prompt_len),
+                      path[2], prompt_len)
+  return jnp.sum(~same).astype(jnp.int32)
+
+
+def _same_prompt(tok, pm, g: int, prompt_len: int):
+  """[B] whether each row of tok [B, P+T] (groups of g adjacent rows) has its group's first
+  row's prompt: the same prompt mask and the same ids in its real (unpadded) slots."""
+  b, n = tok.shape
+  grouped = tok.reshape(b // g, g, n)
+  pmask = pm.reshape(b // g, g, prompt_len)
+  real = pmask[:, :1] != 0  # [B/g, 1, P]: pad slots' ids do not matter
+  return (jnp.all(pmask == pmask[:, :1], -1)
+          & jnp.all((grouped[..., :prompt_len] == grouped[:, :1, :prompt_len]) | ~real, -1)
+          ).reshape(b)
+
+
 def _shared_logprobs(lm, tok, pm, g: int, prompt_len: int, temperature: float, chunk: int,
                      entropy: bool):
   """`make_logprob_fn`'s prefix-shared forward of rows tok [B, P+T] in groups of g adjacent
@@ -251,9 +284,7 @@ def _shared_logprobs(lm, tok, pm, g: int, prompt_len: int, temperature: float, c
   b, n = tok.shape
   grouped = tok.reshape(b // g, g, n)
   prompts, pmask = grouped[:, 0, :prompt_len], pm.reshape(b // g, g, prompt_len)
-  real = pmask[:, :1] != 0  # [B/g, 1, P]: pad slots' ids do not matter
-  same = (jnp.all(pmask == pmask[:, :1], -1)
-          & jnp.all((grouped[..., :prompt_len] == prompts[:, None]) | ~real, -1)).reshape(b)
+  same = _same_prompt(tok, pm, g, prompt_len)
   hp, hc = lm.shared_hidden(prompts, tok[:, prompt_len:-1],
                             offsets=positions.left_pad_offsets(pmask[:, 0]))
   first = jnp.broadcast_to(hp[:, None, -1:], (b // g, g, 1, hp.shape[-1])).reshape(b, 1, -1)
@@ -380,7 +411,7 @@ def _slim_grads(value_and_grad, frozen):
 def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: int,
                  temperature: float, *, shardings=None, chunk: int | None = None,
                  micro_batches: int = 1, term_grads: bool = False, freeze_vision: bool = True,
-                 prefix_shared: bool | None = False):
+                 prefix_shared: bool | None = None):
   """(params, opt_state, batch) -> (params, opt_state, metrics).
 
   Image prompts: batch["seqs"]["images"] (see `make_logprob_fn`); the log-probs are
@@ -397,8 +428,12 @@ def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: in
   (`term_gradients`) instead of one of each, and two more gradient-sized buffers (summed over
   micro-batches, so the norms are those of the whole batch's gradients).
 
-  prefix_shared: `make_logprob_fn`'s, for batch["seqs"] [prompts, G, P+T] (each prompt's G
-  samples; micro-batches slice whole groups); DPH's stored rows (dph_seqs) run per row."""
+  prefix_shared: `make_logprob_fn`'s (None, the default: wherever it applies), for
+  batch["seqs"] [prompts, G, P+T] (each prompt's G samples; micro-batches slice the prompts,
+  so each holds whole groups); DPH's stored rows (dph_seqs, flat, one per prompt) run per row
+  under None. metrics["prefix_layout_errors"]: the rows of batch["seqs"] whose prompt is not
+  their group's first row's (`layout_errors`; 0 on the per-row forward); a step with any is
+  skipped (params and optimizer state unchanged, skipped = 1), not trained on NaN-free rows."""
   logprob_fn = make_logprob_fn(graphdef, prompt_len, temperature=temperature, chunk=chunk,
                                freeze_vision=freeze_vision, prefix_shared=prefix_shared)
   loss_fn = presets.build_loss(obj_cfg, logprob_fn, reg_loss=term_grads)
@@ -413,9 +448,12 @@ def make_rl_step(graphdef, obj_cfg: presets.ObjectiveConfig, opt, prompt_len: in
       pg, reg = optax.tree.norm(g_pg), optax.tree.norm(g_reg)
       metrics = dict(metrics, pg_grad_norm=pg, reg_grad_norm=reg,
                      grad_ratio=jnp.where(pg > 0, reg / jnp.where(pg > 0, pg, 1.0), jnp.nan))
-    params, opt_state, skipped, gnorm = _guarded_update(opt, loss, grads, params, opt_state,
+    errors = layout_errors(prefix_shared, batch["seqs"], prompt_len)
+    # A layout error's NaN log-probs make the loss NaN anyway; a masked-out bad row might not.
+    guarded = jnp.where(errors > 0, jnp.nan, loss)
+    params, opt_state, skipped, gnorm = _guarded_update(opt, guarded, grads, params, opt_state,
                                                         freeze_vision)
-    metrics = dict(metrics, skipped=skipped, grad_norm=gnorm)
+    metrics = dict(metrics, skipped=skipped, grad_norm=gnorm, prefix_layout_errors=errors)
     return params, opt_state, metrics
 
   return _jit(step, shardings)
@@ -461,10 +499,12 @@ def make_sft_step(graphdef, opt, prompt_len: int, *, shardings=None, freeze_visi
 
 
 def make_logprob_eval(graphdef, prompt_len: int, temperature: float, *, shardings=None,
-                      prefix_shared: bool | None = False):
+                      prefix_shared: bool | None = None):
   """(params, seqs, group_size=None) -> token log-probs (reference log-probs, DPH storage),
   jitted once per group size. prefix_shared and group_size (the rows of flat seqs are groups
-  of group_size adjacent samples of one prompt) as in `make_logprob_fn`."""
+  of group_size adjacent samples of one prompt) as in `make_logprob_fn`: without a group
+  size, flat seqs run per row; `forward_path(prefix_shared, seqs, prompt_len, group_size)`
+  says which forward a call runs."""
   fn = make_logprob_fn(graphdef, prompt_len, temperature=temperature, entropy=False,
                        prefix_shared=prefix_shared)
 

@@ -96,6 +96,13 @@ CONFIG_CASES = [
     (["--config.model.lorra.rank=4"], ("--config.model.lorra.rank: config has no field 'model.lorra'",
                                        "did you mean 'model.lora.rank'?")),
     (["--config.modl.num_layers=2"], ("config has no field 'modl'", "did you mean 'model.num_layers'?")),
+    (["--config.rl.prefix_shared=yes"],
+     "config.rl.prefix_shared='yes': must be one of ['auto', 'on', 'off']"),
+    (["--config.rl.prefix_shared=on", "--config.rl.algo=dph_js"],
+     ("config.rl.prefix_shared='on' cannot apply", "dph_js's stored D_pef responses")),
+    (["--config.rl.prefix_shared=on", "--config.rl.algo=gpg", "--config.rl.group_size=1",
+      "--config.rl.rollout_chunks=1"],
+     ("config.rl.prefix_shared='on' cannot apply", "config.rl.group_size=1")),
 ]
 # Sizes no machine holds: refused by the memory estimate (training/memory.py) before anything
 # is built or written, naming the stage and its fields, instead of aborting inside XLA.
@@ -242,6 +249,22 @@ def test_a_field_added_later_resumes_at_the_value_its_absence_meant(tmp_path):
   assert config_lib.check_resume(cfg, str(tmp_path)) is False
   with pytest.raises(config_lib.ConfigError, match=r"eval.zero_shot: '<absent>' -> True"):
     config_lib.check_resume(smoke(**{"eval.zero_shot": True}), str(tmp_path))
+
+
+
+def test_a_run_from_before_prefix_sharing_resumes_per_row_or_when_allowed(tmp_path):
+  """A config.json without rl.prefix_shared ran every forward per row: it resumes as it was
+  with "off"; the default "auto" is refused, naming the field and --allow_config_change
+  (the same float32 sums in another order, as a mesh change)."""
+  cfg = smoke()
+  old = config_lib.config_json(cfg)
+  del old["rl"]["prefix_shared"]
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  assert config_lib.check_resume(smoke(**{"rl.prefix_shared": "off"}), str(tmp_path)) is False
+  with pytest.raises(config_lib.ConfigError, match=r"rl.prefix_shared: '<absent>' -> 'auto'.*"
+                     r"allow_config_change=rl.prefix_shared"):
+    config_lib.check_resume(cfg, str(tmp_path))
+  assert config_lib.check_resume(cfg, str(tmp_path), ["rl.prefix_shared"]) is True
 
 
 def npbench_record(task="TSP", level="easy", seed=0, **over):

@@ -110,8 +110,9 @@ def test_score_groups_logs_distinct_optima_and_coverage():
 
 def tiny_rl_batch(P=4, G=4, lp=6, lt=5):
   rng = np.random.default_rng(0)
-  return {"seqs": {"tokens": rng.integers(3, 100, (P, G, lp + lt)).astype(np.int32),
-                   "prompt_mask": np.ones((P, G, lp), np.int32)},
+  tokens = rng.integers(3, 100, (P, G, lp + lt)).astype(np.int32)
+  tokens[:, :, :lp] = tokens[:, :1, :lp]  # a group's G samples share its prompt (rollouts' layout)
+  return {"seqs": {"tokens": tokens, "prompt_mask": np.ones((P, G, lp), np.int32)},
           "mask": (rng.random((P, G, lt)) < 0.7).astype(np.int32),
           "old_logprobs": rng.normal(-4, 0.3, (P, G, lt)).astype(np.float32),
           "rewards": rng.random((P, G)).astype(np.float32)}

@@ -25,8 +25,9 @@ LCFG = LoRAConfig(rank=4, alpha=8)
 
 def rl_batch(seed=0, vocab=61):
   rng = np.random.default_rng(seed)
-  return {"seqs": {"tokens": rng.integers(3, vocab, (P, G, LP + LT)).astype(np.int32),
-                   "prompt_mask": np.ones((P, G, LP), np.int32)},
+  tokens = rng.integers(3, vocab, (P, G, LP + LT)).astype(np.int32)
+  tokens[:, :, :LP] = tokens[:, :1, :LP]  # a group's G samples share its prompt (rollouts' layout)
+  return {"seqs": {"tokens": tokens, "prompt_mask": np.ones((P, G, LP), np.int32)},
           "mask": (rng.random((P, G, LT)) < 0.7).astype(np.int32),
           "old_logprobs": rng.normal(-4, 0.3, (P, G, LT)).astype(np.float32),
           "ref_logprobs": rng.normal(-4, 0.3, (P, G, LT)).astype(np.float32),

@@ -175,6 +175,34 @@ def test_bad_config_fields_name_themselves(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_batch_whose_groups_do_not_hold_stops_the_run_by_name(tmp_path, monkeypatch, capsys):
+  """The prefix-shared update (config.rl.prefix_shared="auto", the default) on a batch whose
+  [prompts, G] rows are not groups (one row's last prompt token changed after sampling): the
+  step is skipped and the run stops naming the broken layout, the checkpoint before it
+  intact; the run said which forward each log-prob pass ran."""
+  from dmpo_jax.parallel import distributed as dist
+  from dmpo_jax.training import rollout
+  batch = rollout.Rollouts.batch
+
+  def broken(self, data_sh):
+    out = batch(self, data_sh)
+    tok = dist.to_host(out["seqs"]["tokens"]).copy()
+    p = out["seqs"]["prompt_mask"].shape[-1] - 1  # the last prompt slot: real (left padding)
+    tok[0, 1, p] = tok[0, 1, p] - 1 if tok[0, 1, p] > 0 else 1
+    out["seqs"] = dict(out["seqs"], tokens=dist.to_global(tok, data_sh))
+    return out
+
+  cfg = smoke("smoke,algo=grpo", **{"rl.steps": 2, "checkpoint.every": 1})
+  monkeypatch.setattr(rollout.Rollouts, "batch", broken)
+  with pytest.raises(run_lib.TrainingError, match=r"step 4: 1 rows of the update's batch have "
+                     r"another prompt.*skipped.*checkpoint \(3\) is intact"):
+    stages.train(cfg, str(tmp_path))
+  out = capsys.readouterr().out
+  assert "log-probs, update: prefix_shared (8 prompts x 4)" in out, out[-2000:]
+  assert ckpt_lib.Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 3
+
+
+@pytest.mark.slow
 def test_nonfinite_steps_stop_with_good_checkpoint(tmp_path, monkeypatch):
   # NaN rewards make every RL loss non-finite (injected in scoring: the config schema refuses a
   # NaN learning rate): each step is skipped and counted; the second in a row stops the run.
@@ -271,8 +299,9 @@ def test_micro_batches_match_one_batch_exactly_when_slice_exact(algo):
   graphdef, state = nnx.split(model)
   P, G, LP, LT = 8, 4, 6, 5
   rng = np.random.default_rng(0)
-  batch = {"seqs": {"tokens": rng.integers(3, 100, (P, G, LP + LT)).astype(np.int32),
-                    "prompt_mask": np.ones((P, G, LP), np.int32)},
+  tokens = rng.integers(3, 100, (P, G, LP + LT)).astype(np.int32)
+  tokens[:, :, :LP] = tokens[:, :1, :LP]  # a group's G samples share its prompt (rollouts' layout)
+  batch = {"seqs": {"tokens": tokens, "prompt_mask": np.ones((P, G, LP), np.int32)},
            "mask": (rng.random((P, G, LT)) < 0.6).astype(np.int32),
            "old_logprobs": rng.normal(-4, 0.3, (P, G, LT)).astype(np.float32),
            "ref_logprobs": rng.normal(-4, 0.3, (P, G, LT)).astype(np.float32),
