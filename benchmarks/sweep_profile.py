@@ -105,10 +105,11 @@ def legacy_point(run, state, pts, logprob) -> dict:
         return tokens, mask
 
       res = evaluation.evaluate(
-          sample_fn, run.encoder, items, samples=g, k=min(cfg.eval.k, g),
-          pass_ks=tuple(cfg.eval.pass_ks), rng=pts.set_key(state, i),
-          batch_prompts=cfg.eval.batch_prompts, prompt_len=run.prompt_len,
-          reward_cfg=run.reward_cfg, collapse=run.taskset.collapse)
+          sample_fn, run.encoder, items, rng=pts.set_key(state, i),
+          spec=evaluation.ScoreSpec(
+              samples=g, batch_prompts=cfg.eval.batch_prompts, prompt_len=run.prompt_len,
+              reward_cfg=run.reward_cfg, k=min(cfg.eval.k, g), pass_ks=tuple(cfg.eval.pass_ks),
+              collapse=run.taskset.collapse))
       res["kl_k1"] = np.concatenate([t["kl_k1"] for t in terms])[:len(items) * g]
       out[name] = res
   finally:
@@ -260,10 +261,12 @@ def serial_point(run, state, pts, fns, timed) -> None:
       timed("kl_old", lambda: (fns["kl_old"](state.params, seqs), fns["kl_old"](pts.start, seqs)))()
       return tokens, mask
 
-    evaluation.evaluate(sample_fn, run.encoder, items, samples=g, k=min(cfg.eval.k, g),
-                        pass_ks=tuple(cfg.eval.pass_ks), rng=pts.set_key(state, i),
-                        batch_prompts=cfg.eval.batch_prompts, prompt_len=run.prompt_len,
-                        reward_cfg=run.reward_cfg, collapse=run.taskset.collapse)
+    evaluation.evaluate(sample_fn, run.encoder, items, rng=pts.set_key(state, i),
+                        spec=evaluation.ScoreSpec(
+                            samples=g, batch_prompts=cfg.eval.batch_prompts,
+                            prompt_len=run.prompt_len, reward_cfg=run.reward_cfg,
+                            k=min(cfg.eval.k, g), pass_ks=tuple(cfg.eval.pass_ks),
+                            collapse=run.taskset.collapse))
 
 
 def time_rl(spec: str, ckpt: str, steps_n: int, micro_batches: int) -> dict:

@@ -354,11 +354,12 @@ def run(loaded: dict | None = None):
   results = {}
   for lv, (items, gts, _) in groups.items():
     results[lv] = (transfer.score if gym_only else evaluation.evaluate)(
-        sample_fn, encoder, items, samples=samples, k=FLAGS.k,
-        pass_ks=tuple(sorted({1, FLAGS.k, samples})), rng=jax.random.key(FLAGS.seed),
-        batch_prompts=FLAGS.batch_prompts, prompt_len=plen,
-        reward_cfg=rewards_lib.RewardConfig(compat=compat), ground_truths=gts, progress=True,
-        success="positive_ratio" if proto is not None else "feasible")
+        sample_fn, encoder, items, rng=jax.random.key(FLAGS.seed), ground_truths=gts,
+        spec=evaluation.ScoreSpec(
+            samples=samples, batch_prompts=FLAGS.batch_prompts, prompt_len=plen,
+            reward_cfg=rewards_lib.RewardConfig(compat=compat), k=FLAGS.k,
+            pass_ks=tuple(sorted({1, FLAGS.k, samples})),
+            success="positive_ratio" if proto is not None else "feasible", progress=True))
   if proto is None:
     res = results[level]
     table = evaluation.format_table(res)
@@ -432,11 +433,11 @@ def evaluate_vlm(graphdef, params, processor, d: dict) -> None:
       r = sample(params, pt, pm, rng, im)
       return r.tokens, r.mask
     return evaluation.evaluate(
-        sample_fn, enc, items, samples=FLAGS.samples, k=FLAGS.k,
-        pass_ks=tuple(sorted({1, FLAGS.k, FLAGS.samples})), rng=jax.random.key(FLAGS.seed),
-        batch_prompts=FLAGS.batch_prompts, prompt_len=plen,
-        reward_cfg=rewards_lib.RewardConfig(compat=FLAGS.compat), ground_truths=gts, progress=True,
-        images=images)
+        sample_fn, enc, items, rng=jax.random.key(FLAGS.seed), ground_truths=gts,
+        spec=evaluation.ScoreSpec(
+            samples=FLAGS.samples, batch_prompts=FLAGS.batch_prompts, prompt_len=plen,
+            reward_cfg=rewards_lib.RewardConfig(compat=FLAGS.compat), k=FLAGS.k,
+            pass_ks=tuple(sorted({1, FLAGS.k, FLAGS.samples})), progress=True, images=images))
 
   images_fn = lambda chunk, pt, pm, enc: multimodal.image_inputs(vl_cfg, enc, chunk, pt, pm, budget)
   res = multimodal.evaluate_modalities(run_eval, encoder, items, modalities, images_fn,

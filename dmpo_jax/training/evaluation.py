@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -36,12 +37,12 @@ def table_metrics(k: int = 3) -> tuple[str, ...]:
 TABLE_METRICS = table_metrics(3)  # NP-Bench's k
 
 
-def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int, k: int = 3,
-             pass_ks=(1, 3), rng, batch_prompts: int, prompt_len: int, reward_cfg,
-             ground_truths: list[float] | None = None, progress: bool = False,
-             success: str = "feasible", collapse: pipeline.Collapse | None = None,
-             images=None) -> dict:
-  """Score ``items`` ([(task key, question)]); returns per-task, category and overall means.
+@dataclasses.dataclass(frozen=True)
+class ScoreSpec:
+  """One `evaluate` call's settings: how many completions of each instance, in which chunks
+  and prompt shape, and how they are scored. Built per call from a config spec (`EvalSpec`,
+  `points.PointsSpec`, `transfer.TransferSpec`) and the run's prompt length and rewards, or
+  from the flags of `python -m dmpo_jax.evaluate`.
 
   success: what makes a sample count toward SR: "feasible" (ours), or "positive_ratio"
   (NP-Bench's evaluation: feasible with a quality ratio above 0, so a feasible answer of
@@ -51,25 +52,47 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
   score, without coverage; NaN for other tasks without enumeration.
   images: for a vision-language policy, images(items, prompt_tokens, prompt_mask) -> the
   chunk's image inputs, passed to sample_fn as a fourth argument."""
-  if success not in SUCCESS:
-    raise ValueError(f"success={success!r}; choose one of {SUCCESS}")
-  if not 1 <= k <= samples or any(p < 1 for p in pass_ks):
-    raise ValueError(f"k={k} must lie in 1..samples={samples} and pass_ks={tuple(pass_ks)} be >= 1")
+  samples: int                        # completions per instance
+  batch_prompts: int                  # instances per sample_fn call (one shape: one compilation)
+  prompt_len: int                     # P: the prompts' padded length (tokens)
+  reward_cfg: Any                     # the verifier's rewards (`domain.RewardConfig`)
+  k: int = 3                          # SR@k and QR@k use the first k samples
+  pass_ks: tuple[int, ...] = (1, 3)   # pass@k at those <= samples
+  success: str = "feasible"           # SUCCESS: what counts toward SR
+  collapse: pipeline.Collapse | None = None
+  progress: bool = False              # a progress bar over the chunks
+  images: Callable | None = None
+
+  def __post_init__(self):
+    if self.success not in SUCCESS:
+      raise ValueError(f"success={self.success!r}; choose one of {SUCCESS}")
+    if not 1 <= self.k <= self.samples or any(p < 1 for p in self.pass_ks):
+      raise ValueError(f"k={self.k} must lie in 1..samples={self.samples} and "
+                       f"pass_ks={tuple(self.pass_ks)} be >= 1")
+
+
+def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, spec: ScoreSpec, rng,
+             ground_truths: list[float] | None = None) -> dict:
+  """Score ``items`` ([(task key, question)]) at `spec`'s settings, sampled from `rng`; returns
+  per-task, category and overall means. ground_truths: each item's reference value, the
+  denominator of its quality ratio (None: computed per instance by spec.reward_cfg's
+  ground_truth rule)."""
+  samples, k, batch_prompts, collapse = spec.samples, spec.k, spec.batch_prompts, spec.collapse
+  success = spec.success
   # pass@k needs k <= samples: an evaluation reports the ks its own sample count allows (the
   # config check refuses a k that no evaluation of the run samples enough for).
-  pass_ks = tuple(p for p in pass_ks if p <= samples)
+  pass_ks = tuple(p for p in spec.pass_ks if p <= samples)
   problems, correct = [], []
   cut0 = encoder.truncated["prompt"]  # this evaluation's cuts are its own, not the training's
   starts = list(range(0, len(items), batch_prompts))
   chunks = starts
-  if progress:
+  if spec.progress:
     from tqdm import tqdm
     chunks = tqdm(starts, desc="eval", unit="batch", leave=False)
   # Every chunk's key is derived now: one derived later would wait behind the device's queue
   # (a sampler reads its key on the host) and the chunks would run in turn, not overlapped.
   keys = jax.block_until_ready({c0: jax.random.fold_in(rng, c0) for c0 in starts})
-  launch = lambda c0: _launch(sample_fn, encoder, items, c0, batch_prompts, prompt_len, keys[c0],
-                              images)
+  launch = lambda c0: _launch(sample_fn, encoder, items, c0, spec, keys[c0])
   pending = launch(starts[0]) if starts else None
   for n, c0 in enumerate(chunks):
     tokens, mask = pending
@@ -82,7 +105,7 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
     tokens, mask = dist.to_host(tokens), dist.to_host(mask)
     texts = encoder.texts(tokens, mask)
     gts = ground_truths[c0:c0 + real] if ground_truths is not None else None
-    _, stats = pipeline.score_groups(chunk, texts[:real * samples], samples, reward_cfg, gts,
+    _, stats = pipeline.score_groups(chunk, texts[:real * samples], samples, spec.reward_cfg, gts,
                                      collapse=collapse)
     lengths = mask.sum(-1).reshape(batch_prompts, samples)[:real]
     for i, (key, _) in enumerate(chunk):
@@ -105,15 +128,16 @@ def evaluate(sample_fn, encoder: pipeline.PromptEncoder, items, *, samples: int,
   return out
 
 
-def _launch(sample_fn, encoder, items, c0: int, batch_prompts: int, prompt_len: int, key, images):
-  """sample_fn on the chunk of items starting at c0 with its key, padded to batch_prompts
-  prompts with its last item (fixed shapes: no recompilation); returns what sample_fn returns
-  (device arrays, still being computed when dispatch is asynchronous)."""
-  chunk = items[c0:c0 + batch_prompts]
-  padded = chunk + [chunk[-1]] * (batch_prompts - len(chunk))
+def _launch(sample_fn, encoder, items, c0: int, spec: ScoreSpec, key):
+  """sample_fn on the chunk of items starting at c0 with its key, padded to spec.batch_prompts
+  prompts with its last item and to spec.prompt_len tokens (fixed shapes: no recompilation);
+  returns what sample_fn returns (device arrays, still being computed when dispatch is
+  asynchronous)."""
+  chunk = items[c0:c0 + spec.batch_prompts]
+  padded = chunk + [chunk[-1]] * (spec.batch_prompts - len(chunk))
   ids = [encoder.encode(key, q) for key, q in padded]
-  pt, pm = sampling.pad_prompts(ids, prompt_len, encoder.pad)
-  extra = () if images is None else (images(padded, pt, pm),)
+  pt, pm = sampling.pad_prompts(ids, spec.prompt_len, encoder.pad)
+  extra = () if spec.images is None else (spec.images(padded, pt, pm),)
   return sample_fn(pt, pm, key, *extra)
 
 
@@ -159,10 +183,11 @@ class HeldOut:
     sampler, items, ground_truths = self.made
     one = lambda encoder, prompt_len, images: evaluate(
         lambda pt, pm, rng, *im: sampler(params, pt, pm, rng, *im)[:2], encoder, items,
-        samples=spec.samples, k=spec.k, pass_ks=spec.pass_ks, rng=rng,
-        batch_prompts=spec.batch_prompts, prompt_len=prompt_len, reward_cfg=self.reward_cfg,
-        ground_truths=ground_truths, progress=spec.progress, collapse=self.taskset.collapse,
-        images=images)
+        spec=ScoreSpec(samples=spec.samples, batch_prompts=spec.batch_prompts,
+                       prompt_len=prompt_len, reward_cfg=self.reward_cfg, k=spec.k,
+                       pass_ks=spec.pass_ks, collapse=self.taskset.collapse,
+                       progress=spec.progress, images=images),
+        rng=rng, ground_truths=ground_truths)
     if self.images is None:
       res = one(self.encoder, self.prompt_len, None)
     else:  # every modality on the same instances; the first one is the run's result

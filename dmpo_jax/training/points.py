@@ -261,9 +261,10 @@ class Points:
       return tokens, mask
 
     res = evaluation.evaluate(
-        sample_fn, self.encoder, items, samples=g, k=min(spec.k, g), pass_ks=tuple(spec.pass_ks),
-        rng=rng, batch_prompts=bp, prompt_len=self.prompt_len, reward_cfg=self.reward_cfg,
-        collapse=self.collapse)
+        sample_fn, self.encoder, items, rng=rng,
+        spec=evaluation.ScoreSpec(samples=g, batch_prompts=bp, prompt_len=self.prompt_len,
+                                  reward_cfg=self.reward_cfg, k=min(spec.k, g),
+                                  pass_ks=tuple(spec.pass_ks), collapse=self.collapse))
     terms = [kl_terms(*(dist.to_host(x) for x in chunk)) for chunk in pending]
     per_sample = {k: np.concatenate([t[k] for t in terms])[:len(items) * g].reshape(len(items), g)
                   for k in KL_KEYS}

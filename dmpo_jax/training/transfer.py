@@ -205,15 +205,17 @@ def held_out(keys, num_per_task: int, level: str = "tiny") -> tuple[list, list]:
   return items, [domain.get(k).reference_value(q) for k, q in items]
 
 
-def score(sample_fn, encoder, items, **kw) -> dict:
-  """`evaluation.evaluate` of reasoning-gym items with the full-score metrics (the collapse
-  metrics against the known optimum: optimal_rate, pass_optimal@k, distinct_optimal), plus
-  "transfer": `summary` of it. kw: evaluate's arguments (samples, k, pass_ks, rng, ...)."""
+def score(sample_fn, encoder, items, *, spec: evaluation.ScoreSpec, **kw) -> dict:
+  """`evaluation.evaluate` of reasoning-gym items at `spec`'s settings with the full-score
+  metrics (the collapse metrics against the known optimum: optimal_rate, pass_optimal@k,
+  distinct_optimal; they replace spec.collapse), plus "transfer": `summary` of it. kw:
+  evaluate's other arguments (rng, ground_truths)."""
   unknown = sorted({k for k, _ in items if getattr(domain.get(k), "known_optimum", None) is None})
   if unknown:
     raise ValueError(f"transfer scoring is for tasks whose full score is known (reasoning-gym "
                      f"tasks); {unknown} are not")
-  res = evaluation.evaluate(sample_fn, encoder, items, collapse=FULL_SCORE, **kw)
+  res = evaluation.evaluate(sample_fn, encoder, items,
+                            spec=dataclasses.replace(spec, collapse=FULL_SCORE), **kw)
   res.pop("correct", None)  # per-sample flags: for keep / exploration rates, not kept here
   res["transfer"] = summary(res)
   res["task_configs"] = task_configs(dict.fromkeys(k for k, _ in items))
@@ -289,10 +291,11 @@ class Transfer:
       self.made = (self.make_sampler(spec.max_new_tokens), encoder, plen, items, gts)
     sampler, encoder, plen, items, gts = self.made
     res = score(lambda pt, pm, key: sampler(params, pt, pm, key)[:2], encoder, items,
-                samples=spec.samples, k=min(spec.k, spec.samples), pass_ks=spec.pass_ks,
-                rng=jax.random.fold_in(rng, STREAM),
-                batch_prompts=spec.batch_prompts, prompt_len=plen, reward_cfg=self.reward_cfg,
-                ground_truths=gts, progress=spec.progress)
+                spec=evaluation.ScoreSpec(samples=spec.samples, batch_prompts=spec.batch_prompts,
+                                          prompt_len=plen, reward_cfg=self.reward_cfg,
+                                          k=min(spec.k, spec.samples), pass_ks=spec.pass_ks,
+                                          progress=spec.progress),
+                rng=jax.random.fold_in(rng, STREAM), ground_truths=gts)
     res["settings"] = {"num_per_task": spec.num_per_task, "samples": spec.samples,
                        "temperature": spec.temperature, "prompt_len": plen,
                        "max_new_tokens": spec.max_new_tokens, "task_configs": res["task_configs"]}

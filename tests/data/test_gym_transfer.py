@@ -75,9 +75,10 @@ def test_held_out_gym_instances_score_their_reference():
     return sample_fn
 
   for right, want in ((True, 1.0), (False, 0.0)):
-    res = evaluation.evaluate(policy(right), enc, items, samples=2, k=2, rng=jax.random.key(0),
-                              batch_prompts=3, prompt_len=max(len(a) for a in answers),
-                              reward_cfg=rewards.RewardConfig())
+    res = evaluation.evaluate(policy(right), enc, items, rng=jax.random.key(0),
+                              spec=evaluation.ScoreSpec(
+                                  samples=2, batch_prompts=3, prompt_len=max(len(a) for a in answers),
+                                  reward_cfg=rewards.RewardConfig(), k=2))
     s = res["per_task"]["gym-countdown"]
     assert s["QR@2"] == pytest.approx(want) and s["SR@2"] == pytest.approx(want)
 
@@ -129,9 +130,11 @@ def test_gym_collapse_metrics_leave_coverage_out_and_count_full_scores():
   tok = CharTokenizer()
   enc = pipeline.PromptEncoder(tok, "compact", 10**4, False)
   sample_fn, plen = reference_policy(items, tok, enc)
-  res = evaluation.evaluate(sample_fn, enc, items, samples=2, k=2, pass_ks=(1, 2),
-                            rng=jax.random.key(0), batch_prompts=4, prompt_len=plen,
-                            reward_cfg=rewards.RewardConfig(), collapse=pipeline.Collapse(min_optima=0))
+  res = evaluation.evaluate(sample_fn, enc, items, rng=jax.random.key(0),
+                            spec=evaluation.ScoreSpec(
+                                samples=2, batch_prompts=4, prompt_len=plen,
+                                reward_cfg=rewards.RewardConfig(), k=2, pass_ks=(1, 2),
+                                collapse=pipeline.Collapse(min_optima=0)))
   g = res["per_task"]["gym-countdown"]
   assert "coverage" not in g
   assert g["optimal_rate"] == 1.0 and g["pass_optimal@1"] == 1.0 and g["pass_optimal@2"] == 1.0
@@ -158,9 +161,10 @@ def test_transfer_score_summarises_full_scores():
   enc = pipeline.PromptEncoder(tok, "compact", 10**4, False)
   for right, want in ((True, 1.0), (False, 0.0)):
     sample_fn, plen = reference_policy(items, tok, enc, right, width=128)
-    res = transfer.score(sample_fn, enc, items, samples=2, k=2, pass_ks=(1, 2, 8),
-                         rng=jax.random.key(0), batch_prompts=4, prompt_len=plen,
-                         reward_cfg=rewards.RewardConfig(), ground_truths=gts)
+    res = transfer.score(sample_fn, enc, items, rng=jax.random.key(0), ground_truths=gts,
+                         spec=evaluation.ScoreSpec(samples=2, batch_prompts=4, prompt_len=plen,
+                                                   reward_cfg=rewards.RewardConfig(), k=2,
+                                                   pass_ks=(1, 2, 8)))
     for task in ("gym-countdown", "gym-graph_color"):
       s = res["transfer"][task]
       assert set(s) == {"score_mean", "full_rate", "any_credit", "distinct_correct", "length",
@@ -168,8 +172,9 @@ def test_transfer_score_summarises_full_scores():
       assert s["score_mean"] == s["full_rate"] == s["pass_full@1"] == s["pass_full@2"] == want
       assert s["distinct_correct"] == want
   with pytest.raises(ValueError, match="subset-sum"):
-    transfer.score(sample_fn, enc, [("subset-sum", {})], samples=2, k=2, rng=jax.random.key(0),
-                   batch_prompts=4, prompt_len=plen, reward_cfg=rewards.RewardConfig())
+    transfer.score(sample_fn, enc, [("subset-sum", {})], rng=jax.random.key(0),
+                   spec=evaluation.ScoreSpec(samples=2, batch_prompts=4, prompt_len=plen,
+                                             reward_cfg=rewards.RewardConfig(), k=2))
 
 
 def test_transfer_field_is_checked_before_anything_is_written(tmp_path):

@@ -504,9 +504,11 @@ def test_keyed_file_evaluates_with_its_own_prompts(tmp_path):
     assert len(items) == (4 if level == "easy" else 2)
     enc = evaluate.FilePromptEncoder(tok, "npbench", 10**6, False, prompts)
     assert tok.decode(enc.encode(*items[0])).startswith(obj[f"TSP_{level}_question1"]["prompt"])
-    res = evaluation.evaluate(sample_fn, enc, items, samples=3, k=3, rng=jax.random.key(0),
-                              batch_prompts=2, prompt_len=10**4, ground_truths=[g * 2 for g in gts],
-                              reward_cfg=rewards.RewardConfig(compat="npbench"))
+    res = evaluation.evaluate(sample_fn, enc, items, rng=jax.random.key(0),
+                              ground_truths=[g * 2 for g in gts],
+                              spec=evaluation.ScoreSpec(
+                                  samples=3, batch_prompts=2, prompt_len=10**4,
+                                  reward_cfg=rewards.RewardConfig(compat="npbench"), k=3))
     for key in ("TSP", "knapsack"):
       s = res["per_task"][key]
       assert s["SR@3"] == 1.0

@@ -1,5 +1,6 @@
 """The trainer's collapse hooks: optimal SFT targets, the instance filter, per-step collapse metrics."""
 
+import dataclasses
 import types
 
 import numpy as np
@@ -177,9 +178,11 @@ def test_evaluation_reports_optima_and_pass_at_k_both_ways(encoder):
   texts = [a, a, b, "[0, 0, 0]", small, small, small, small]
   ids = [encoder.tok.encode(" " + t, add_special_tokens=False) + [encoder.eos] for t in texts]
   tokens, mask = pipeline.pad_right(ids, LT, encoder.pad)
+  spec = evaluation.ScoreSpec(samples=4, batch_prompts=2, prompt_len=LP,
+                              reward_cfg=rewards_lib.RewardConfig(), k=3, pass_ks=(1, 2, 4),
+                              collapse=COLLAPSE)
   res = evaluation.evaluate(lambda pt, pm, rng: (tokens, mask), encoder, [(key, q) for q in qs],
-                            samples=4, k=3, pass_ks=(1, 2, 4), rng=jax.random.key(0), batch_prompts=2,
-                            prompt_len=LP, reward_cfg=rewards_lib.RewardConfig(), collapse=COLLAPSE)
+                            spec=spec, rng=jax.random.key(0))
   r = res["per_task"][key]
   assert r["distinct_optimal"] == (2 + 0) / 2
   assert r["coverage"] == pytest.approx((2 / len(opts[0].solutions) + 0) / 2)
@@ -193,8 +196,7 @@ def test_evaluation_reports_optima_and_pass_at_k_both_ways(encoder):
   assert r["best_qr@1"] == pytest.approx(r["QR_mean"])  # one sample: its expected ratio
   assert r["best_qr@4"] == pytest.approx(r["QR@3"])  # all samples: the best (the 4th is infeasible)
   plain = evaluation.evaluate(lambda pt, pm, rng: (tokens, mask), encoder, [(key, q) for q in qs],
-                              samples=4, k=3, pass_ks=(1, 2, 4), rng=jax.random.key(0),
-                              batch_prompts=2, prompt_len=LP, reward_cfg=rewards_lib.RewardConfig())
+                              spec=dataclasses.replace(spec, collapse=None), rng=jax.random.key(0))
   assert "coverage" not in plain["overall"] and plain["overall"]["pass@4"] == r["pass@4"]
 
 

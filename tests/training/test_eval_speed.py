@@ -107,8 +107,9 @@ def test_pipelined_loop_gives_each_chunk_its_key_and_prompts_in_order():
   encoder = FakeEncoder()
   texts = encoder.texts
   encoder.texts = lambda tokens, mask: reads.append(1) or texts(tokens, mask)
-  run = lambda fn: evaluation.evaluate(fn, encoder, items, samples=2, k=1, pass_ks=(1,), rng=rng,
-                                       batch_prompts=3, prompt_len=4, reward_cfg=evaluation.domain.RewardConfig())
+  spec = evaluation.ScoreSpec(samples=2, batch_prompts=3, prompt_len=4,
+                              reward_cfg=evaluation.domain.RewardConfig(), k=1, pass_ks=(1,))
+  run = lambda fn: evaluation.evaluate(fn, encoder, items, spec=spec, rng=rng)
   res = run(sample_fn)
   want_keys = [np.asarray(jax.random.key_data(jax.random.fold_in(rng, c0))).tolist() for c0 in (0, 3, 6)]
   assert [c[0] for c in calls] == want_keys

@@ -98,8 +98,10 @@ def test_evaluation_reports_its_own_prompt_cuts(tok):
     assert pt.shape == (2, 12)
     return np.full((4, 4), tok.eos_token_id, np.int32), np.ones((4, 4), bool)
 
-  res = evaluation.evaluate(sample_fn, enc, items, samples=2, k=1, pass_ks=(1,), rng=jax.random.key(0),
-                            batch_prompts=2, prompt_len=12, reward_cfg=rewards_lib.RewardConfig())
+  res = evaluation.evaluate(sample_fn, enc, items, rng=jax.random.key(0),
+                            spec=evaluation.ScoreSpec(samples=2, batch_prompts=2, prompt_len=12,
+                                                      reward_cfg=rewards_lib.RewardConfig(), k=1,
+                                                      pass_ks=(1,)))
   assert res["prompt_truncated"] == 4  # 3 items, padded to 2 chunks of 2
   assert enc.truncated["prompt"] == 5
 

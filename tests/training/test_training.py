@@ -1,6 +1,7 @@
 """The training layer's parts on their own: rollout collection, the update, the train state,
 the reference checkpoint item, and the pipeline, evaluation, report and distributed helpers."""
 
+import dataclasses
 import json
 import os
 
@@ -159,8 +160,9 @@ def test_evaluation_scores_a_sampler(encoder):
     calls.append(pt.shape)
     return rows[:pt.shape[0] * 3], (np.arange(LT) < len(answer)).astype(np.int32)[None].repeat(pt.shape[0] * 3, 0)
 
-  res = evaluation.evaluate(sample_fn, encoder, items, samples=3, k=3, pass_ks=(1, 3), rng=jax.random.key(0),
-                            batch_prompts=3, prompt_len=LP, reward_cfg=rewards_lib.RewardConfig())
+  spec = evaluation.ScoreSpec(samples=3, batch_prompts=3, prompt_len=LP,
+                              reward_cfg=rewards_lib.RewardConfig(), k=3, pass_ks=(1, 3))
+  res = evaluation.evaluate(sample_fn, encoder, items, spec=spec, rng=jax.random.key(0))
   assert calls == [(3, LP), (3, LP)]  # the last batch is padded to a fixed shape
   assert res["num_problems"] == 4 and set(res["per_task"]) == {"subset-sum", "knapsack"}
   assert res["per_task"]["knapsack"]["length"] == len(answer)
@@ -169,13 +171,12 @@ def test_evaluation_scores_a_sampler(encoder):
   assert "overall (category mean)" in table and "->" in table
   # pass@k beyond the evaluation's sample count is left out (the run's other evaluations may
   # sample enough for it: configs/collapse.py asks pass@64 of its points and 16 samples here)
-  res = evaluation.evaluate(sample_fn, encoder, items, samples=3, k=3, pass_ks=(1, 3, 64),
-                            rng=jax.random.key(0), batch_prompts=3, prompt_len=LP,
-                            reward_cfg=rewards_lib.RewardConfig())
+  res = evaluation.evaluate(sample_fn, encoder, items, rng=jax.random.key(0),
+                            spec=dataclasses.replace(spec, pass_ks=(1, 3, 64)))
   assert "pass@3" in res["overall"] and "pass@64" not in res["overall"]
   with pytest.raises(ValueError, match="k=4 must lie in 1..samples=3"):
-    evaluation.evaluate(sample_fn, encoder, items, samples=3, k=4, rng=jax.random.key(0),
-                        batch_prompts=3, prompt_len=LP, reward_cfg=rewards_lib.RewardConfig())
+    evaluation.ScoreSpec(samples=3, batch_prompts=3, prompt_len=LP,
+                         reward_cfg=rewards_lib.RewardConfig(), k=4)
 
 
 def test_evaluation_success_as_npbench_counts_it(encoder):
@@ -187,9 +188,10 @@ def test_evaluation_success_as_npbench_counts_it(encoder):
   rows[:, :len(answer)] = answer
   mask = (np.arange(LT) < len(answer)).astype(np.int32)[None].repeat(9, 0)
   run = lambda success: evaluation.evaluate(
-      lambda pt, pm, rng: (rows, mask), encoder, items, samples=3, k=3, pass_ks=(1, 3),
-      rng=jax.random.key(0), batch_prompts=3, prompt_len=LP,
-      reward_cfg=rewards_lib.RewardConfig(compat="npbench"), success=success)
+      lambda pt, pm, rng: (rows, mask), encoder, items, rng=jax.random.key(0),
+      spec=evaluation.ScoreSpec(samples=3, batch_prompts=3, prompt_len=LP,
+                                reward_cfg=rewards_lib.RewardConfig(compat="npbench"), k=3,
+                                pass_ks=(1, 3), success=success))
   assert run("feasible")["per_task"]["maximum-set"]["SR@3"] == 1.0
   assert run("positive_ratio")["per_task"]["maximum-set"]["SR@3"] == 0.0
   with pytest.raises(ValueError, match="success"):
