@@ -82,19 +82,26 @@ def test_one_update_trains_the_adapters_alone(stage):
   assert jax.tree.structure(new_state) == jax.tree.structure(opt_state)
 
 
-def test_the_base_gets_no_gradient_matmul():
-  """The frozen base's weight gradients are never computed: no dot of the backward pass has
-  a base weight's shape (the adapters' A and B gradients are there)."""
+@pytest.mark.parametrize("prefix_shared", [False, None])
+def test_the_base_gets_no_gradient_matmul(prefix_shared):
+  """The frozen base's weight gradients are never computed: no dot of the backward pass that
+  contracts over rows (a weight's gradient: neither operand contracts its last, feature axis)
+  has a base weight's shape (the adapters' A and B gradients are there), on the per-row and the
+  prefix-shared forward (whose row counts can equal a weight's dims, so shapes alone do not
+  tell a forward dot from a gradient)."""
   graphdef, params = lora_params(b_scale=0.05)
-  fn = steps.make_logprob_fn(graphdef, LP)
-  seqs = jax.tree.map(jnp.asarray, rl_batch()["seqs"])  # 8 rows x 10 positions: no weight shape
+  fn = steps.make_logprob_fn(graphdef, LP, prefix_shared=prefix_shared)
+  seqs = jax.tree.map(jnp.asarray, rl_batch()["seqs"])
   jaxpr = jax.make_jaxpr(jax.grad(lambda p: fn(p, seqs)["logprobs"].sum()))(params)
   shapes = set()
 
   def walk(jx):
     for eqn in jx.eqns:
       if eqn.primitive.name == "dot_general":
-        shapes.add(tuple(eqn.outvars[0].aval.shape))
+        (lc, rc), _ = eqn.params["dimension_numbers"]
+        lhs, rhs = (v.aval.ndim for v in eqn.invars)
+        if lhs - 1 not in lc and rhs - 1 not in rc:  # contracts rows: a weight gradient
+          shapes.add(tuple(eqn.outvars[0].aval.shape))
       for sub in jax.extend.core.jaxprs_in_params(eqn.params):
         walk(sub)
   walk(jaxpr.jaxpr)
