@@ -89,6 +89,20 @@ class Allowed:
             f"optional config fields ('gym-chain_sum{gym.SEP}min_terms=2{gym.SEP}max_terms=2')")
 
 
+
+def _parsed(value: str, field: str) -> tuple[list[str], str | None]:
+  """A field's keys and its error, naming the field, or None: tasks with a safe scorer, each
+  named once (the checks config.eval.transfer and config.sft.gym_tasks share)."""
+  keys = parse(value)
+  bad = unknown(value) if keys else None
+  if bad:
+    return keys, (f"{field}={value!r}: {bad} not reasoning-gym tasks with a safe scorer; "
+                  f"choose from {choices()} (docs/GYM.md)")
+  twice = sorted({k for k in keys if keys.count(k) > 1})
+  if twice:
+    return keys, f"{field}={value!r} names {twice} more than once; name each task once"
+  return keys, None
+
 def config_error(value, train_keys=(), style: str = "compact", sft_keys=()) -> str | None:
   """Why config.eval.transfer=value cannot run (one line naming the field), or None. Its
   keys must be wrapped reasoning-gym tasks ("gym-<name>[:<field>=<value>...]", registered here:
@@ -98,16 +112,9 @@ def config_error(value, train_keys=(), style: str = "compact", sft_keys=()) -> s
   trained in SFT only) may be listed with the same key: the SFT stream redraws the transfer
   evaluation's instances (pipeline.TaskSet.sft_only_reserved); at another config it is refused,
   as the two configs' questions could coincide under different keys."""
-  keys = parse(value)
-  if not keys:
-    return None
-  bad = unknown(value)
-  if bad:
-    return (f"{FIELD}={value!r}: {bad} not reasoning-gym tasks with a safe scorer; "
-            f"choose from {choices()} (docs/GYM.md)")
-  twice = sorted({k for k in keys if keys.count(k) > 1})
-  if twice:
-    return f"{FIELD}={value!r} names {twice} more than once; name each task once"
+  keys, err = _parsed(value, FIELD)
+  if not keys or err:
+    return err
   trained = [k for k in keys if k in train_keys]
   if trained:
     return (f"{FIELD}={value!r}: {trained} are trained on (config.tasks); the held-out evaluation "
@@ -146,16 +153,9 @@ def sft_error(value, train_keys=(), style: str = "compact", optimal: bool = Fals
   (registered here), each config named once, no task of config.tasks at any config (their
   questions could be config.tasks' held-out ones), with a text prompt style and sampled SFT
   targets (a gym task enumerates no optima)."""
-  keys = parse(value)
-  if not keys:
-    return None
-  bad = unknown(value)
-  if bad:
-    return (f"{SFT_FIELD}={value!r}: {bad} not reasoning-gym tasks with a safe scorer; "
-            f"choose from {choices()} (docs/GYM.md)")
-  twice = sorted({k for k in keys if keys.count(k) > 1})
-  if twice:
-    return f"{SFT_FIELD}={value!r} names {twice} more than once; name each task once"
+  keys, err = _parsed(value, SFT_FIELD)
+  if not keys or err:
+    return err
   names = {gym.task_name(k) for k in train_keys if k.startswith(gym.PREFIX)}
   both = [k for k in keys if gym.task_name(k) in names]
   if both:
