@@ -79,6 +79,7 @@ def test_bfloat16_update_is_close_to_float32():
   assert rel > 0 or cosine < 1  # it really computed in bf16
 
 
+@pytest.mark.slow
 def test_logits_logprobs_entropy_and_losses_stay_float32_under_bfloat16_compute():
   """bf16 compute (float32 weights): the sampler's log-probs, the update's log-probs and
   entropies, and every preset loss and metric tested here are float32 arrays, and the
