@@ -16,12 +16,16 @@ at the rise; one that only comes down through t_s (a start above it) has its sta
   seed disagree about their start: they would not share it).
 * `matched_values`: {seed: y at t_s} of one label, NaN where the run never reaches t_s.
 * `registered_family`: seed-paired contrasts of each remedy against the reference, with
-  reach rates, the 80% reach rule, Holm over the family with m fixed in advance (a contrast
-  that cannot be estimated still counts, as p = 1), and the reading of each contrast.
+  reach rates, the 80% reach rule, the 95% and Bonferroni (1 - 0.05/m) intervals, Holm over
+  the family with m fixed in advance (a contrast that cannot be estimated still counts, as
+  p = 1), and the reading of each contrast.
+* `holm_family`: Holm and the readings over the rows of several `registered_family` calls
+  taken as one family (the secondary family: two references, one m).
 * `sensitivity`: the same family with a never-reached run valued at its last point (what it
   kept by the end of RL), so that the reach rule's effect on the answer is visible.
 
 Statistics: `stats.paired_test` (seed-paired t-test and interval) and `stats.holm`.
+Entry point of the confirmatory stage: studies/collapse_confirm/stage2.py.
 """
 
 from __future__ import annotations
@@ -100,26 +104,44 @@ def registered_family(values: dict, remedies: list, reference: str, m: int | Non
   """Each remedy - reference on {method: {seed: matched value}}, seed-paired on the seeds where
   both reached their targets. A contrast is estimable when both reach on >= min_reach of their
   seeds and at least frontier.MIN_SEEDS seeds pair; otherwise it keeps its n, reach rates and
-  differences but gets no mean, interval or p, and counts as p = 1 in Holm's m, which is the
-  size of the registered family (len(remedies) unless given)."""
+  differences but gets no mean, interval, SD or p, and counts as p = 1 in Holm's m, which is
+  the size of the registered family (len(remedies) unless given). Each row: the t-interval at
+  `confidence` ("low", "high"), the Bonferroni interval at 1 - (1 - confidence) / m
+  ("low_bonferroni", "high_bonferroni", "confidence_bonferroni"), "sd" of the differences."""
   m = len(remedies) if m is None else m
   if m < len(remedies):
     raise ValueError(f"registered_family: m = {m} is smaller than the {len(remedies)} contrasts")
   ref = values.get(reference, {})
+  level = 1 - (1 - confidence) / m
   rows = []
   for r in remedies:
     v = values.get(r, {})
     t = stats.paired_test(v, ref, confidence)
-    row = dict(t, contrast=f"{r} - {reference}", remedy=r, reach=reach_rate(v), reach_reference=reach_rate(ref),
-               seeds=len(v))
+    tb = stats.paired_test(v, ref, level)
+    row = dict(t, contrast=f"{r} - {reference}", remedy=r, reference=reference, reach=reach_rate(v),
+               reach_reference=reach_rate(ref), seeds=len(v), low_bonferroni=tb["low"],
+               high_bonferroni=tb["high"], confidence_bonferroni=level,
+               sd=stats.pooled_sd([list(t["diffs"].values())]))
     row["estimable"] = (row["reach"] >= min_reach and row["reach_reference"] >= min_reach
                         and t["n"] >= frontier.MIN_SEEDS)
     if not row["estimable"]:
-      row.update(mean=math.nan, low=math.nan, high=math.nan, p=math.nan)
+      row.update(mean=math.nan, low=math.nan, high=math.nan, p=math.nan, low_bonferroni=math.nan,
+                 high_bonferroni=math.nan, sd=math.nan)
     rows.append(row)
+  return holm_family(rows, m)
+
+
+def holm_family(rows: list[dict], m: int | None = None, alpha: float = ALPHA) -> list[dict]:
+  """Sets "p_holm" (Holm over the rows' p as one family of m, len(rows) unless given; a NaN
+  p counts as 1) and "reading" on rows of `registered_family`, in place; returns them. Rows of
+  several calls joined (each with the same m) become one family: Holm's step-down runs over
+  all of their p-values, not over each call's."""
+  m = len(rows) if m is None else m
+  if m < len(rows):
+    raise ValueError(f"holm_family: m = {m} is smaller than the {len(rows)} contrasts")
   for row, ph in zip(rows, stats.holm([row["p"] for row in rows], m=m)):
     row["p_holm"] = float(ph)
-    row["reading"] = reading(row)
+    row["reading"] = reading(row, alpha)
   return rows
 
 

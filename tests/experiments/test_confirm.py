@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from dmpo_jax.experiments import confirm, frontier, sweep
+from dmpo_jax.experiments import confirm, frontier, stats, sweep
 from studies.collapse_confirm import design
 from studies.collapse_frontier import design as frontier_design
 
@@ -158,3 +158,37 @@ def test_stage1_reads_points_csv(tmp_path):
   assert best == b and table[b] == (5, pytest.approx(0.95)) and table[a][1] == pytest.approx(0.8)
   lines = stage1.table(pts)
   assert any(l.startswith("| rkl | `" + b) for l in lines)
+
+
+def test_registered_family_bonferroni_interval_and_sd_hand_computed():
+  # differences 0.02, 0.04, 0.06, 0.08, 0.10: mean 0.06, squares about it 0.004, s = sqrt(0.004 / 4);
+  # Bonferroni at 1 - 0.05/13: half width t_{1 - 0.05/26, 4} s / sqrt(5)
+  ref = {s: 0.5 for s in range(5)}
+  rem = {s: 0.5 + 0.02 * (s + 1) for s in range(5)}
+  (row,) = confirm.registered_family({"ref": ref, "rem": rem}, ["rem"], "ref", m=13)
+  s = math.sqrt(0.004 / 4)
+  half95 = stats.t_quantile(0.975, 4) * s / math.sqrt(5)
+  half_b = stats.t_quantile(1 - 0.05 / 26, 4) * s / math.sqrt(5)
+  assert row["sd"] == pytest.approx(s)
+  assert row["confidence_bonferroni"] == pytest.approx(1 - 0.05 / 13)
+  assert (row["low"], row["high"]) == (pytest.approx(0.06 - half95), pytest.approx(0.06 + half95))
+  assert (row["low_bonferroni"], row["high_bonferroni"]) == (pytest.approx(0.06 - half_b),
+                                                             pytest.approx(0.06 + half_b))
+  assert half_b > 2 * half95  # t_{0.998, 4} = 6.6 against 2.78
+  # not estimable: no interval of either kind, no SD
+  (row,) = confirm.registered_family({"ref": ref, "rem": {s: math.nan for s in range(5)}}, ["rem"], "ref", m=13)
+  assert all(math.isnan(row[k]) for k in ("low_bonferroni", "high_bonferroni", "sd"))
+
+
+def test_holm_family_joins_two_families_into_one_step_down():
+  # p = 0.001 and 0.002 in a family of m = 25. As one family: 25 x 0.001 = 0.025 and
+  # max(0.025, 24 x 0.002) = 0.048 < 0.05: both keep more. Each alone with m = 25: the second
+  # gets 25 x 0.002 = 0.05, not below 0.05.
+  row = lambda p: {"p": p, "mean": 0.1, "estimable": True}
+  joined = confirm.holm_family([row(0.001), row(0.002)], m=25)
+  assert [r["p_holm"] for r in joined] == [pytest.approx(0.025), pytest.approx(0.048)]
+  assert [r["reading"] for r in joined] == ["keeps more", "keeps more"]
+  alone = confirm.holm_family([row(0.002)], m=25)
+  assert alone[0]["p_holm"] == pytest.approx(0.05) and alone[0]["reading"] == "cannot be told apart"
+  with pytest.raises(ValueError, match="m = 1"):
+    confirm.holm_family([row(0.1), row(0.2)], m=1)

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from dmpo_jax.experiments import stats
@@ -69,3 +70,46 @@ def test_bad_input_named():
     stats.paired_difference([1, 2, 3], [1, 2])
   with pytest.raises(KeyError, match="baseline 'grpo'"):
     stats.compare({"dmpo": {0: 1, 1: 2}}, "grpo")
+
+
+# The confirmatory pre-registration's power figures (docs/COLLAPSE.md, "Seeds: 100-119"): a
+# paired two-sided t-test at alpha = 0.05 / 13, SD 0.040 (tier 1's pooled SD) and 0.053 (its
+# one-sided 95% upper bound).
+ALPHA13 = 0.05 / 13
+
+
+@pytest.mark.parametrize("n, sd, percent", [(15, 0.040, 89), (15, 0.053, 59), (20, 0.040, 98), (20, 0.053, 80)])
+def test_paired_power_reproduces_the_preregistered_figures(n, sd, percent):
+  assert round(100 * stats.paired_power(0.05, sd, n, ALPHA13)) == percent
+
+
+@pytest.mark.parametrize("sd, mde", [(0.040, 0.038), (0.053, 0.050)])
+def test_min_detectable_reproduces_the_preregistered_figures(sd, mde):
+  d = stats.min_detectable(sd, 20, ALPHA13)
+  assert round(d, 3) == mde
+  assert stats.paired_power(d, sd, 20, ALPHA13) == pytest.approx(0.8, abs=1e-8)  # the inverse
+
+
+def test_paired_power_against_simulation():
+  # 40,000 simulated 15-seed experiments at a true difference of 0.05, SD 0.04: the share
+  # whose paired t-test rejects at 0.05/13 (Monte Carlo SE about 0.0016)
+  rng = np.random.default_rng(0)
+  n, reps = 15, 40_000
+  d = 0.05 + 0.04 * rng.standard_normal((reps, n))
+  t = d.mean(1) / (d.std(1, ddof=1) / math.sqrt(n))
+  rate = float((np.abs(t) > stats.t_quantile(1 - ALPHA13 / 2, n - 1)).mean())
+  assert stats.paired_power(0.05, 0.04, n, ALPHA13) == pytest.approx(rate, abs=0.008)
+  # no difference: the test rejects at its level; the sign of the difference does not matter
+  assert stats.paired_power(0.0, 0.04, n, ALPHA13) == pytest.approx(ALPHA13)
+  assert stats.paired_power(-0.05, 0.04, n, ALPHA13) == stats.paired_power(0.05, 0.04, n, ALPHA13)
+  # fewer seeds, more SD: less power; a few seeds need a large difference
+  assert stats.min_detectable(0.04, 3, ALPHA13) > stats.min_detectable(0.04, 10, ALPHA13) > 0.04
+  with pytest.raises(ValueError, match="n >= 2"):
+    stats.paired_power(0.05, 0.04, 1)
+
+
+def test_pooled_sd_hand_computed():
+  # [1, 2, 3]: 2 squares about the mean, 2 df; [2, 4]: 2, 1 df; [7]: nothing -> sqrt(4 / 3)
+  assert stats.pooled_sd([[1, 2, 3], [2, 4], [7]]) == pytest.approx(math.sqrt(4 / 3))
+  assert stats.pooled_sd([[0.5, 0.5]]) == 0.0
+  assert math.isnan(stats.pooled_sd([[1.0], []]))
