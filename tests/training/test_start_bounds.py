@@ -97,6 +97,7 @@ def test_the_config_check_parses_the_bounds_against_the_configs_points():
   specs.check_points(cfg)  # no bounds: nothing to refuse
 
 
+@pytest.mark.slow  # 10 s on the contended 2-core CPU (the config check's memory estimate, absl)
 def test_dry_run_refuses_bad_bounds_with_exit_status_2(tmp_path, capsys):
   from tests.training.test_bad_input import train_cli
   wd = tmp_path / "dry"
@@ -194,6 +195,8 @@ def test_a_start_out_of_bounds_stops_the_sweep_and_the_report_marks_it(tmp_path)
 def test_the_sweep_command_exits_1_naming_the_run_and_the_measured_values(tmp_path, capsys, monkeypatch):
   from dmpo_jax.training import stages
   monkeypatch.setattr(stages, "train", OutOfBoundsTrainer())  # the runner's default trainer
+  write = sweep_report.write_report  # without the plots (matplotlib: most of this test's time)
+  monkeypatch.setattr(sweep_report, "write_report", lambda out, **kw: write(out, plots=False, **kw))
   code = sweep.main([f"--config={CONFIG}", f"--out={tmp_path}", "--smoke", "--seeds=0,1", "--no_progress",
                      "--cache_dir=none", "--set=eval.start_bounds=B:pass_optimal@8<=0.95"])
   err = capsys.readouterr().err
