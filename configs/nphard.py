@@ -86,6 +86,9 @@ def get_config(arg: str | None = None):
       zero_shot=False,      # also evaluate the initial policy, before SFT (eval_zero_shot.json)
       points=0,             # evaluation points along RL (training/points.py; configs/collapse.py)
       points_samples="",    # their samples per instance: "N" or "SET:N,..."; "": eval.samples
+      # bounds the start (the point at RL step 0) must meet, else the run stops before RL:
+      # "B:pass_optimal@64<=0.95,AB:pass_optimal@1<=0.8"; "": none (docs/TRAINING.md)
+      start_bounds="",
       # reasoning-gym tasks never trained on in RL (in SFT only through sft.gym_tasks), scored
       # before and after RL beside the held-out evaluation (docs/GYM.md):
       # "gym-countdown,gym-graph_color"; "": none

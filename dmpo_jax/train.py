@@ -20,7 +20,9 @@ logging and checkpoint cadence); bad input is one line and exit status 2.
 
 Workdir: config.json, checkpoints/ (steps, and reference/), metrics.jsonl,
 tb/, eval_before.json, eval_after.json, results.json, dph_store.npz,
-training.png, before_after.png, hf/ (the final policy as a Hugging Face folder).
+training.png, before_after.png, hf/ (the final policy as a Hugging Face folder); stopped.json
+instead of results.json when the start of RL is outside config.eval.start_bounds (the run
+stops before RL with one line and exit status 2; docs/TRAINING.md).
 """
 
 from __future__ import annotations

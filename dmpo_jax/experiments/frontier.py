@@ -37,6 +37,7 @@ import subprocess
 import numpy as np
 
 from dmpo_jax.experiments import files, stats
+from dmpo_jax.training import points as points_lib
 
 POINT_METRICS = ("pass_optimal@1", "coverage", "distinct_optimal", "pass_optimal@8", "pass_optimal@64",
                  "kl_k1", "kl_k3", "optimal_rate")
@@ -91,18 +92,9 @@ def read_points(workdir: str) -> dict:
   return dict(sorted(out.items()))
 
 
-def set_row(point: dict, split: str, overall: str = "overall_instance") -> dict | None:
-  """A point's metrics on one set ("A"), or on a union of sets ("AB": the mean over the
-  instances of A and B, each set weighted by its number of instances); None if absent."""
-  sets = point.get("sets", {})
-  if split in sets:
-    return sets[split][overall]
-  parts = [sets.get(c) for c in split]
-  if len(split) < 2 or any(p is None for p in parts):
-    return None
-  w = [sum(p.get("num_per_task", {"_": 1}).values()) for p in parts]
-  keys = set.intersection(*(set(p[overall]) for p in parts))
-  return {k: sum(wi * p[overall][k] for wi, p in zip(w, parts)) / sum(w) for k in keys}
+# A point's metrics on one set or a union of sets ("AB"): one definition, which the start's
+# bounds (config.eval.start_bounds) read too.
+set_row = points_lib.set_row
 
 
 def trajectory(points: dict, split: str, x: str, y: str, overall: str = "overall_instance",

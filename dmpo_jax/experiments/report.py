@@ -8,7 +8,8 @@ Everything is read from the run folders (`<label>/seed<k>/`: results.json,
 eval_before.json, eval_after.json, metrics.jsonl, config.json, points/); nothing is
 recomputed. A run counts as finished only with results.json and every evaluation point
 its config.json plans (`missing_points`); one with results.json and a missing point is
-"incomplete" and, like a partial run, is never analysed. Per label: the mean and 95%
+"incomplete" and, like a partial run, is never analysed; nor is one whose start was outside
+config.eval.start_bounds (stopped.json: "out_of_bounds"). Per label: the mean and 95%
 Student-t interval over seeds of the final metrics of finished runs, and the seed-paired
 difference against the baseline label (dmpo_jax.experiments.stats). A metric the trainer does not write is
 reported as "not logged" (FINAL, CURVES and GRADIENTS list the names read).
@@ -77,17 +78,24 @@ def missing_points(workdir: str, config: dict | None = None) -> list[int]:
 
 
 def run_status(r: dict) -> str:
-  """A run's status for tables: "incomplete" names its missing evaluation points."""
+  """A run's status for tables: "incomplete" names its missing evaluation points,
+  "out_of_bounds" the start's measured values outside config.eval.start_bounds."""
   if r["status"] == "incomplete":
     return f"incomplete: no evaluation point at RL step {', '.join(map(str, r['missing_points']))}"
+  if r["status"] == "out_of_bounds":
+    return ("out_of_bounds: stopped before RL, start outside config.eval.start_bounds: "
+            + "; ".join(r["stopped"].get("outside", [])))
   return r["status"]
 
 
 def load_run(workdir: str) -> dict:
   """What a run folder holds: status ("finished", "incomplete": results.json but a planned
-  evaluation point missing, "partial", "failed", "not started"), the evaluations' overall
-  dicts, the RL rows (step counted from the start of RL), the missing points' RL steps."""
+  evaluation point missing, "out_of_bounds": stopped before RL, its start outside
+  config.eval.start_bounds (stopped.json, kept as "stopped"), "partial", "failed", "not
+  started"), the evaluations' overall dicts, the RL rows (step counted from the start of RL),
+  the missing points' RL steps."""
   results = _read(os.path.join(workdir, "results.json"))
+  stopped = report.read_stopped(workdir)
   config = _read(os.path.join(workdir, "config.json")) or {}
   missing = missing_points(workdir, config) if results is not None else []
   before = _read(os.path.join(workdir, "eval_before.json"))
@@ -97,6 +105,8 @@ def load_run(workdir: str) -> dict:
   rl = [dict(r, rl_step=r["step"] - sft) for r in rows if r.get("stage") == "rl"]
   if results is not None:
     status = "incomplete" if missing else "finished"
+  elif stopped is not None:
+    status = "out_of_bounds"
   elif os.path.exists(os.path.join(workdir, "sweep_error.txt")):
     status = "failed"
   elif rl or os.path.isdir(os.path.join(workdir, "checkpoints")):
@@ -113,7 +123,7 @@ def load_run(workdir: str) -> dict:
           "after": (after or {}).get("overall") if status == "finished" else None, "rl": rl,
           "rl_steps_done": max((r["rl_step"] for r in rl), default=0),
           "rl_steps": config.get("rl", {}).get("steps"), "wall_s": (results or {}).get("wall_s"),
-          "missing_points": missing}
+          "missing_points": missing, "stopped": stopped}
 
 
 def collect(out: str) -> tuple[dict, dict]:
@@ -321,6 +331,11 @@ def markdown(out: str, manifest: dict, runs: dict, summ: dict, baseline: str) ->
            + f"; {n_done} of {n_total} runs finished. Values: mean [95% Student-t interval] over the "
            "seeds of finished runs (n=1: no interval). `not logged`: the trainer does not write this "
            "metric (docs/COLLAPSE.md, hooks).", ""]
+  bounds = [f"{l}/seed{s}: " + "; ".join(r["stopped"].get("outside", []))
+            for l, v in runs.items() for s, r in v.items() if r["status"] == "out_of_bounds"]
+  if bounds:
+    lines += ["**Stopped: a start outside config.eval.start_bounds** (" + "; ".join(bounds) + "). "
+              "The sweep ran no further runs: the labels of a seed share its start.", ""]
   if n_done < n_total:
     missing = [f"{l}/seed{s} ({run_status(r)}, RL step {r['rl_steps_done']}/{r['rl_steps'] or '?'})"
                for l, v in runs.items() for s, r in v.items() if r["status"] != "finished"]
@@ -388,7 +403,7 @@ def write_report(out: str, baseline: str | None = None, plots: bool = True, anal
   with open(os.path.join(out, "report.md"), "w") as f:
     f.write(text)
   status = {f"{l}/seed{s}": {k: r[k] for k in ("status", "rl_steps_done", "rl_steps", "wall_s",
-                                                 "missing_points")}
+                                                 "missing_points", "stopped")}
             for l, v in runs.items() for s, r in v.items()}
   result = {"baseline": baseline, "runs": status, "final": summ["final"], "paired": summ["paired"],
             "gradients": summ["gradients"], "before": summ["before"], "curves": cv,

@@ -29,6 +29,11 @@ that point (`rewind`: what came after moves to `<run>/superseded/<n>/`). A
 first Ctrl-C lets the trainer save and stops the sweep; the report is written
 for what has finished.
 
+The start's bounds (config.eval.start_bounds, e.g. --set=eval.start_bounds=B:pass_optimal@64<=0.95):
+a run whose policy at RL step 0 is outside them stops before RL (its stopped.json holds the
+measured values), and so does the sweep: every label of a seed starts from that policy. The
+report marks the run "out_of_bounds"; it is never analysed. The exit status is then 1.
+
 Merging (--merge_from): another sweep folder's finished runs move in when its
 recorded base config (sweep.json "config": the config after --set) gives each of
 its labels the same run config as ours, up to fields that do not change a result
@@ -547,7 +552,10 @@ def merge(out: str, other: str) -> list[str]:
 def run_sweep(runs: list[Run], out: str, *, train_fn=None, max_runs: int | None = None,
               progress: bool = True, log=None) -> dict:
   """Run what is not finished (at most max_runs of them). Returns {"done", "skipped", "failed",
-  "stopped", "pending"} lists of run names."""
+  "stopped", "out_of_bounds", "pending"} lists of run names. A run whose start is outside
+  config.eval.start_bounds (the trainer raises StartOutOfBounds before RL) stops the sweep:
+  the runs of its seed share that start, and the bounds are the experiment's, not the run's."""
+  from dmpo_jax.training.run import StartOutOfBounds
   if train_fn is None:
     from dmpo_jax.training import stages
     train_fn = stages.train
@@ -555,7 +563,7 @@ def run_sweep(runs: list[Run], out: str, *, train_fn=None, max_runs: int | None 
   bar = tqdm(runs, desc="sweep", unit="run", dynamic_ncols=True, disable=not progress,
              bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} runs [{elapsed}<{remaining}]")
   log = log or bar.write
-  status = {"done": [], "skipped": [], "failed": [], "stopped": [], "pending": []}
+  status = {"done": [], "skipped": [], "failed": [], "stopped": [], "out_of_bounds": [], "pending": []}
   started = 0
   t0 = time.time()
   for i, run in enumerate(runs):
@@ -578,6 +586,12 @@ def run_sweep(runs: list[Run], out: str, *, train_fn=None, max_runs: int | None 
     except Stopped as e:
       status["stopped"].append(run.name)
       log(f"{e}; stopping the sweep (rerun the same command to resume)")
+      status["pending"].extend(r.name for r in runs[i + 1:] if not is_finished(
+          os.path.join(out, r.label, f"seed{r.seed}")))
+      break
+    except StartOutOfBounds as e:  # no headroom: the pre-registered regime does not hold
+      status["out_of_bounds"].append(run.name)
+      log(f"[{i + 1}/{len(runs)}] {run.name}: {e}; stopping the sweep (no further runs)")
       status["pending"].extend(r.name for r in runs[i + 1:] if not is_finished(
           os.path.join(out, r.label, f"seed{r.seed}")))
       break
@@ -690,10 +704,14 @@ def main(argv=None, design: Design | None = None, prog: str = "python -m dmpo_ja
   rep = sweep_report.write_report(args.out, analysis=design.analysis)
   print(rep["summary"])
   print("sweep: " + ", ".join(f"{k} {len(v)}" for k, v in status.items()) + f"; report in {args.out}/report.md")
+  for name in status["out_of_bounds"]:
+    rec = report_lib.read_stopped(os.path.join(args.out, name)) or {}
+    print(f"stopped: {name}: start outside config.eval.start_bounds={rec.get('bounds')!r}: "
+          f"{'; '.join(rec.get('outside', []))} (its stopped.json); the sweep ran no further runs",
+          file=sys.stderr)
   if status["failed"]:
     print("failed: " + ", ".join(status["failed"]), file=sys.stderr)
-    return 1
-  return 0
+  return 1 if status["failed"] or status["out_of_bounds"] else 0
 
 
 if __name__ == "__main__":

@@ -196,6 +196,9 @@ SCHEMA: dict[str, Spec] = {
     "collapse.rl_from": Choice(("AB", "stream"), optional=True),
     # evaluation points along RL (training/points.py; configs/collapse.py)
     "eval.points": Int(0), "eval.points_samples": Str(),
+    # the start's pre-registered bounds at RL step 0, "B:pass_optimal@64<=0.95,...": a start
+    # outside them stops the run before RL (points.parse_bounds; checked by specs.check_points)
+    "eval.start_bounds": Str(),
     # image prompts (configs/mm_nphard*.py only)
     "image.size": Int(128, optional=True), "image.min_pixels": Int(1, optional=True),
     "image.max_pixels": Int(1, optional=True), "image.patch_budget": Int(1, optional=True),
@@ -469,6 +472,7 @@ def config_json(cfg) -> dict:
 ADDED_FIELDS = {"sft.gym_tasks": "", "eval.zero_shot": False, "eval.points": 0, "eval.points_samples": "",
                 "eval.transfer": "", "eval.transfer_num_per_task": 6, "eval.transfer_samples": 4,
                 "eval.transfer_max_prompt_len": 0, "eval.transfer_max_new_tokens": 0,
+                "eval.start_bounds": "",
                 "rl.prefix_shared": "off"}  # runs before the field ran every forward per row
 
 

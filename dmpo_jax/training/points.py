@@ -31,7 +31,10 @@ docs/PERFORMANCE.md, issue 38: about 4x faster than that forward run for each po
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import os
+import re
 from typing import Any
 
 import jax
@@ -39,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dmpo_jax.data import pipeline
 from dmpo_jax.models import lora, positions
 from dmpo_jax.objectives import common
 from dmpo_jax.parallel import distributed as dist
@@ -138,6 +142,139 @@ def parse_samples(value, names) -> dict:
   return {n: int(value.get(n, 0)) for n in names}
 
 
+def set_row(point: dict, split: str, overall: str = "overall_instance") -> dict | None:
+  """A point's metrics on one set ("A"), or on a union of sets ("AB": the mean over the
+  instances of A and B, each set weighted by its number of instances); None if absent."""
+  sets = point.get("sets", {})
+  if split in sets:
+    return sets[split][overall]
+  parts = [sets.get(c) for c in split]
+  if len(split) < 2 or any(p is None for p in parts):
+    return None
+  w = [sum(p.get("num_per_task", {"_": 1}).values()) for p in parts]
+  keys = set.intersection(*(set(p[overall]) for p in parts))
+  return {k: sum(wi * p[overall][k] for wi, p in zip(w, parts)) / sum(w) for k in keys}
+
+
+# ---------------------------------------------------------------------------
+# The start's pre-registered bounds (config.eval.start_bounds): a collapse experiment needs a
+# start with headroom (docs/COLLAPSE.md), so a start outside them stops the run before RL.
+BOUNDS_FIELD = "config.eval.start_bounds"
+BOUND_OPS = ("<=", ">=")
+_BOUND = re.compile(r"^(?P<set>[^:]*):(?P<metric>.*?)(?P<op><=|>=)(?P<value>.*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+  """One bound on the start: `metric` (overall_instance's, the mean over instances) on `set`
+  (a set of the points, or a union such as "AB") `op` `value`."""
+  set: str
+  metric: str
+  op: str
+  value: float
+
+  def holds(self, measured: float) -> bool:
+    """Whether a measured value is within the bound (NaN never is)."""
+    return measured <= self.value if self.op == "<=" else measured >= self.value
+
+  def __str__(self):
+    return f"{self.set}:{self.metric}{self.op}{self.value:g}"
+
+
+def metric_names(samples: int, k: int, pass_ks, collapse: bool) -> list[str]:
+  """The metrics a point records on a set of `samples` per instance (its "overall_instance"
+  keys; `Points._one`): SR@k and QR@k at min(k, samples), the means, pass@k for the ks of
+  pass_ks up to samples, diversity, length and KL; with the collapse metrics
+  (config.collapse), the optimal-set ones and pass@k / best QR@k both ways. "coverage" is left
+  out of a task that cannot enumerate its optima (evaluation.collapse_scores)."""
+  k = min(k, samples)
+  ks = [p for p in pass_ks if p <= samples]
+  names = [f"SR@{k}", f"QR@{k}", "SR_mean", "QR_mean", *(f"pass@{p}" for p in ks), "distinct",
+           "solution_entropy", "length", *KL_KEYS]
+  if collapse:
+    names += list(pipeline.COLLAPSE_STATS)
+    names += [f"{m}@{p}" for p in ks for m in ("pass_optimal", "pass_feasible", "best_qr")]
+  return names
+
+
+def bound_metrics(samples: dict, k: int, pass_ks, collapse: bool) -> dict:
+  """{set: its metric names} of the sets a bound may name: each set evaluated at the points
+  (samples {set: count}, 0: not evaluated), and each union of two or more of A, B, C
+  (`set_row`; "AB": the RL prompts) with the metrics its sets share."""
+  out = {s: metric_names(g, k, pass_ks, collapse) for s, g in samples.items() if g}
+  letters = [s for s in "ABC" if s in out]
+  for n in range(2, len(letters) + 1):
+    for combo in itertools.combinations(letters, n):
+      shared = set.intersection(*(set(out[c]) for c in combo))
+      out["".join(combo)] = [m for m in out[combo[0]] if m in shared]
+  return out
+
+
+def parse_bounds(text: str, metrics: dict) -> tuple[Bound, ...]:
+  """config.eval.start_bounds, "B:pass_optimal@64<=0.95,AB:pass_optimal@1<=0.8": comma-
+  separated `<set>:<metric><op><value>`, op "<=" or ">="; "" (the default): none. metrics:
+  {set: metric names} of the sets a bound may name (`bound_metrics`). A malformed item, an
+  unknown set or metric, or a value that is not a finite number is refused, naming the field,
+  the item and the choices."""
+  out = []
+  for item in (p.strip() for p in str(text).split(",")):
+    if not item:
+      continue
+    m = _BOUND.match(item.replace(" ", ""))
+    where = f"{BOUNDS_FIELD}={text!r}: item {item!r}"
+    if m is None or not m["set"] or not m["metric"]:
+      raise ValueError(f"{where} is not <set>:<metric><op><value> with op one of {list(BOUND_OPS)} "
+                       "(e.g. 'B:pass_optimal@64<=0.95')")
+    try:
+      value = float(m["value"])
+    except ValueError:
+      value = math.nan
+    if not math.isfinite(value):
+      raise ValueError(f"{where}: {m['value']!r} is not a finite number")
+    if m["set"] not in metrics:
+      raise ValueError(f"{where}: set {m['set']!r} is not among the points' sets {list(metrics)}")
+    if m["metric"] not in metrics[m["set"]]:
+      raise ValueError(f"{where}: metric {m['metric']!r} is not recorded on set {m['set']!r} at the "
+                       f"points; choose from {_listing(metrics[m['set']])}")
+    out.append(Bound(m["set"], m["metric"], m["op"], value))
+  return tuple(out)
+
+
+def _listing(names) -> str:
+  """Metric names for a message, the pass@k families once each: "SR@3, ..., pass@k,
+  pass_optimal@k (k in 1..64)"."""
+  plain, ks = [], []
+  for n in names:
+    base, at, k = n.partition("@")
+    if at and base not in ("SR", "QR"):  # SR@k / QR@k: one k, the evaluation's
+      plain += [f"{base}@k"] if f"{base}@k" not in plain else []
+      ks += [int(k)] if int(k) not in ks else []
+    else:
+      plain.append(n)
+  ks.sort()
+  run = len(ks) > 3 and ks == list(range(ks[0], ks[-1] + 1))
+  return ", ".join(plain) + (f" (k in {f'{ks[0]}..{ks[-1]}' if run else ks})" if ks else "")
+
+
+def outside(bounds, point: dict) -> tuple[dict, list[str]]:
+  """({"<set>:<metric>": measured} of every bound, [one line per bound the point is outside])
+  at the evaluation point `point` (a points/rl<step>.json). A bound whose metric the point
+  lacks (a task without enumerated optima has no coverage) counts as outside: unmeasured is
+  not within."""
+  measured, lines = {}, []
+  for b in bounds:
+    row = set_row(point, b.set) or {}
+    v = row.get(b.metric)
+    key = f"{b.set}:{b.metric}"
+    measured[key] = None if v is None else float(v)
+    if v is None:
+      lines.append(f"{b.set} {b.metric} is not in the point (bound {b})")
+    elif not b.holds(float(v)):
+      beyond = (">" if b.op == "<=" else "<") if math.isfinite(v) else "is not " + b.op
+      lines.append(f"{b.set} {b.metric} = {float(v):.3f} {beyond} {b.value:g} (bound)")
+  return measured, lines
+
+
 @dataclasses.dataclass(frozen=True)
 class PointsSpec:
   """The evaluation points' settings (config.eval.points ...; compiled by training/specs.py)."""
@@ -151,6 +288,7 @@ class PointsSpec:
   pass_ks: tuple[int, ...] = (1, 3)
   batch_prompts: int = 8  # instances per sampler call
   num_per_task: int = 1   # held-out instances per task (without splits or a pool)
+  start_bounds: str = ""  # the start's bounds at RL step 0 (`parse_bounds`; "": none)
 
 
 def check(n, samples, names) -> None:
@@ -160,6 +298,20 @@ def check(n, samples, names) -> None:
     raise ValueError(f"config.eval.points={n!r}: the number of evaluation points along RL (>= 0)")
   if n:
     parse_samples(samples, names)
+
+
+def start_bounds(spec: PointsSpec, names, collapse: bool) -> tuple[Bound, ...]:
+  """spec.start_bounds parsed (`parse_bounds`) over the points' sets `names` (their samples:
+  spec.samples) and metrics (collapse: with config.collapse's); () without bounds. Bounds
+  need the point at RL step 0 (config.eval.points >= 2 and RL steps): refused without it."""
+  if not spec.start_bounds.strip():
+    return ()
+  if 0 not in point_steps(spec.rl_steps, spec.n):
+    raise ValueError(f"{BOUNDS_FIELD}={spec.start_bounds!r} needs the evaluation point at RL step 0, "
+                     f"which config.eval.points={spec.n} over config.rl.steps={spec.rl_steps} does not "
+                     "give (eval.points >= 2 and rl.steps >= 1 do)")
+  samples = parse_samples(spec.samples, list(names))
+  return parse_bounds(spec.start_bounds, bound_metrics(samples, spec.k, spec.pass_ks, collapse))
 
 
 def set_names(splits: bool, pool: bool) -> list[str]:
@@ -198,6 +350,7 @@ class Points:
     self.sets = sets_of(taskset, spec.num_per_task) if self.steps else {}
     self.samples = (parse_samples(spec.samples, list(self.sets))
                     if self.steps else {})  # eval.points = 0: a per-set spec names no set here
+    self.bounds = start_bounds(spec, list(self.sets), self.collapse is not None) if self.steps else ()
     self._samplers, self._logprob = {}, None
 
   @property
@@ -215,6 +368,10 @@ class Points:
       return False
     old = report.read_json(p)
     return old.get("temperature") == self.spec.temperature and old.get("samples") == self.samples
+
+  def read(self, rl_step: int) -> dict:
+    """The point's file (points/rl<step>.json)."""
+    return report.read_json(self.path(rl_step))
 
   def maybe(self, state) -> dict | None:
     rl_step = state.step - self.spec.rl_start

@@ -35,6 +35,22 @@ def read_result(path: str, keys=()) -> tuple[dict | None, str | None]:
   return (None, f"lacks {missing}") if missing else (obj, None)
 
 
+# A run that ended for good before RL because its start is outside config.eval.start_bounds
+# (training/stages.py: check_start): the record of why, beside the run's other outputs. Its
+# own file, not results.json, whose presence means a finished run to the sweep and the studies.
+STOPPED = "stopped.json"
+
+
+def read_stopped(workdir: str) -> dict | None:
+  """The workdir's stopped.json (`STOPPED`), None when there is none (a damaged one is a
+  record too: {"reason": "damaged", "why": ...}, so that the run is never taken as unstopped)."""
+  path = os.path.join(workdir, STOPPED)
+  if not os.path.exists(path):
+    return None
+  rec, why = read_result(path, ("reason",))
+  return rec if rec is not None else {"reason": "damaged", "why": why, "outside": [f"{path}: {why}"]}
+
+
 def plot_or_warn(plot, *args) -> None:
   """A plot whose failure is a warning: plots come after the results, which they never lose."""
   try:

@@ -45,6 +45,15 @@ class TrainingError(RuntimeError):
   """The run cannot continue; the message says why (the last good checkpoint is intact)."""
 
 
+class StartOutOfBounds(TrainingError):
+  """The policy at the start of RL is outside config.eval.start_bounds: the run stopped before
+  any RL step (stages.check_start). `record`: what stopped.json holds (bounds, measured values)."""
+
+  def __init__(self, message: str, record: dict):
+    super().__init__(message)
+    self.record = record
+
+
 class WorkdirLocked(TrainingError, lock_lib.LockHeld):
   """Another run holds the workdir's lock (lock.py); the message names it and the file."""
 

@@ -5,7 +5,8 @@ tests/test_layering.py checks it).
 
     spec            built from                               used by
     EvalSpec        config.eval, log.progress                training/evaluation.py: HeldOut
-    PointsSpec      config.eval.points..., rl, sft.steps     training/points.py: Points
+    PointsSpec      config.eval.points..., start_bounds,     training/points.py: Points
+                    rl, sft.steps
     DPHSpec         config.dph, model lengths, rl, eval      training/dph.py: presample
     PerceptionSpec  config.perception, sft, eval             training/perception.py
     ModelSpec       config.model (lora, vision), image, seed models/build.py: build
@@ -47,16 +48,19 @@ def points_spec(cfg) -> eval_points.PointsSpec:
   return eval_points.PointsSpec(
       n=e.points, rl_steps=cfg.rl.steps, rl_start=cfg.sft.steps,
       samples=e.points_samples or e.samples, temperature=cfg.rl.temperature, top_p=cfg.rl.top_p,
-      k=e.k, pass_ks=tuple(e.pass_ks), batch_prompts=e.batch_prompts, num_per_task=e.num_per_task)
+      k=e.k, pass_ks=tuple(e.pass_ks), batch_prompts=e.batch_prompts, num_per_task=e.num_per_task,
+      start_bounds=e.start_bounds)
 
 
 def check_points(cfg) -> None:
-  """config.eval.points (>= 0) and eval.points_samples (its sets, by config.collapse's
-  regime), checked before anything is built rather than when RL reaches the first point."""
+  """config.eval.points (>= 0), eval.points_samples (its sets, by config.collapse's regime)
+  and eval.start_bounds (their sets and metrics, and a point at RL step 0), checked before
+  anything is built rather than when RL reaches the first point."""
   c = cfg.get("collapse") or {}
   spec = points_spec(cfg)
-  eval_points.check(spec.n, spec.samples, eval_points.set_names(
-      bool(c.get("splits") or c.get("split_file")), bool(c.get("pool"))))
+  names = eval_points.set_names(bool(c.get("splits") or c.get("split_file")), bool(c.get("pool")))
+  eval_points.check(spec.n, spec.samples, names)
+  eval_points.start_bounds(spec, names, collapse_spec(cfg) is not None)
 
 
 def dph_spec(cfg) -> dph.DPHSpec:

@@ -33,14 +33,16 @@ from dmpo_jax.training import points as eval_points
 from dmpo_jax.training import transfer as transfer_lib
 from dmpo_jax.training.rollout import collect_rollouts
 from dmpo_jax.training.evaluation import EVAL_KEYS
-from dmpo_jax.training.run import Run, TrainingError, setup
+from dmpo_jax.training.run import Run, StartOutOfBounds, TrainingError, setup
 from dmpo_jax.training.state import TrainState
 from dmpo_jax.training.steps import update
 
 
 def train(cfg, workdir: str, allow_config_change=()) -> dict:
   """Run every stage; returns the results dict (also written to workdir/results.json), or
-  {"stopped": True, "step": ...} when a signal or config.stop_at_step ended the run early.
+  {"stopped": True, "step": ...} when a signal or config.stop_at_step ended the run early. A
+  start outside config.eval.start_bounds raises StartOutOfBounds before any RL step
+  (`check_start`; workdir/stopped.json records it).
   allow_config_change: fields (of config_lib.SAFE_TO_CHANGE) a resume may change.
   The workdir's lock (setup takes it; training/lock.py) is released however the run ends."""
   t_start = time.time()
@@ -144,7 +146,9 @@ def rl_stage(run: Run, state: TrainState, stop) -> tuple[TrainState, bool]:
   if state.step >= total:
     return end_point(run, state), False
   state, points = rl.start(state)
-  points.maybe(state)
+  start = points.maybe(state)
+  if state.step == cfg.sft.steps:  # the start of RL: its bounds (config.eval.start_bounds)
+    check_start(run, points, start)
   with multimodal.Prefetch(run.encoder) as prefetch:  # image prompts: the next step's renders
     while state.step < total:
       prefetch.wait()
@@ -274,6 +278,31 @@ def start_policies(run: Run, state: TrainState):
   points = run.points(reference if reference is not None or not cfg.eval.points else
                       reference_policy(run.ckpt, state, cfg.sft.steps))
   return state, reference, points
+
+
+def check_start(run: Run, points: eval_points.Points, point: dict | None) -> None:
+  """config.eval.start_bounds: the evaluation point at RL step 0 (`point`, just computed; None:
+  read from its file, a resumed run's) against the start's pre-registered bounds. Outside
+  them, stopped.json records the bounds and the measured values and the run ends before any
+  RL step (StartOutOfBounds: `python -m dmpo_jax.train` prints it and exits with status 2).
+  Within them nothing changes: the check only reads."""
+  if not points.bounds:
+    return
+  measured, outside = eval_points.outside(points.bounds, point if point is not None else points.read(0))
+  if not dist.agree(bool(outside)):
+    return
+  path = os.path.relpath(points.path(0), run.workdir)
+  record = {"reason": "start_bounds", "step": run.cfg.sft.steps, "rl_step": 0,
+            "bounds": run.cfg.eval.start_bounds, "measured": measured, "outside": outside,
+            "point": path, "over": "overall_instance (the mean over instances)"}
+  if dist.is_main():
+    report.write_json(record, os.path.join(run.workdir, report.STOPPED))
+  run.close()
+  shown = ", ".join(f"{k} = {'absent' if v is None else f'{v:.3f}'}" for k, v in measured.items())
+  raise StartOutOfBounds(
+      f"start outside config.eval.start_bounds={run.cfg.eval.start_bounds!r}: {'; '.join(outside)} "
+      f"(measured at RL step 0, {os.path.join(run.workdir, path)}: {shown}); the run stops before "
+      f"RL, recorded in {os.path.join(run.workdir, report.STOPPED)}", record)
 
 
 def end_point_done(run: Run, state: TrainState) -> bool:
