@@ -36,6 +36,13 @@ printed, and eval.json's "skipped" lists them all. With --chat a control token a
 spells (`<|im_end|>`) is encoded as text, so a record cannot forge a chat turn
 (models/chat.py).
 
+The compute dtype: an --hf model's is --dtype (float32 by default; "auto" is bfloat16 where
+this machine computes it natively, float32 elsewhere, resolved by models/precision.py as a
+training config's model.dtype = "auto" is); a --workdir's is its config's model.dtype ("auto"
+resolved here). It is printed once (what was asked for, what it resolved to, why) and recorded
+in eval.json as "precision" ({"requested", "dtype", "reason", "param_dtype"}, the record of
+training's results.json). A .gguf file given to --hf takes --dtype the same way.
+
 A vision-language policy (a Qwen2.5-VL folder, or a workdir of configs/mm_nphard.py)
 is scored on the same instances in each of --modalities (default for such a policy:
 image,blank,text): "image" draws the instance (--style image or npbench_image; the
@@ -68,6 +75,7 @@ from dmpo_jax.data import pipeline
 from dmpo_jax.data import images as multimodal
 from dmpo_jax import tasks as tasks_lib
 from dmpo_jax.models import hf
+from dmpo_jax.models import precision as precision_lib
 from dmpo_jax.objectives import presets
 from dmpo_jax.sampling import sampler as sampler_lib
 from dmpo_jax.tasks import base as tasks_base
@@ -100,7 +108,10 @@ flags.DEFINE_bool("chat", False, "wrap prompts in the tokenizer's chat template"
 flags.DEFINE_string("compat", "strict", "verification rules: strict | npbench "
                     "(with --npbench_file: npbench unless set)")
 flags.DEFINE_integer("batch_prompts", 8, "prompts per sampler call")
-flags.DEFINE_string("dtype", "float32", "compute dtype for --hf models")
+flags.DEFINE_string("dtype", "float32", "compute dtype of an --hf model (folder or .gguf file): "
+                    "float32, bfloat16, float16, or auto (bfloat16 where this machine computes it "
+                    "natively, else float32; models/precision.py). Printed and recorded in "
+                    "eval.json's \"precision\". A --workdir computes in its config's model.dtype")
 flags.DEFINE_integer("seed", 0, "sampling seed")
 flags.DEFINE_list("modalities", None, "vision-language policies: any of image,blank,text,shuffled "
                   "(shuffled: another instance's image; default: the workdir's, else image,blank,text)")
@@ -128,6 +139,12 @@ def check_flags() -> dict | None:
   for name in ("max_new_tokens", "max_prompt_len", "image_size", "patch_budget"):
     if FLAGS[name].value is not None and FLAGS[name].value < 1:
       raise app.UsageError(f"--{name}={FLAGS[name].value} must be >= 1")
+  dtypes = config_lib.DTYPES + (precision_lib.AUTO,)
+  if FLAGS.dtype not in dtypes:
+    raise app.UsageError(f"--dtype={FLAGS.dtype!r}: choose one of {list(dtypes)}")
+  if FLAGS["dtype"].present and FLAGS.workdir:
+    raise app.UsageError("--dtype applies to --hf models; a --workdir computes in its config's "
+                         "model.dtype")
   if FLAGS.compat not in tasks_base.COMPAT:
     raise app.UsageError(f"--compat={FLAGS.compat!r}: choose one of {tasks_base.COMPAT}")
   styles = tasks_base.PROMPT_STYLES + tasks_base.IMAGE_STYLES
@@ -202,17 +219,19 @@ def load_policy():
   if bool(FLAGS.workdir) == bool(FLAGS.hf):
     raise app.UsageError("give exactly one of --workdir and --hf")
   if FLAGS.hf:
-    model, tok = hf.load(FLAGS.hf, dtype=FLAGS.dtype)
+    prec = precision_lib.resolve(FLAGS.dtype, field="--dtype")
+    model, tok = hf.load(FLAGS.hf, dtype=prec.dtype)
     if tok is None:
       raise app.UsageError(f"{FLAGS.hf} has no tokenizer files")
     graphdef, state = nnx.split(model)
-    return graphdef, state, tok, {}
+    return graphdef, state, tok, {"precision": precision_record(prec, "--dtype", model)}
   from dmpo_jax.training import run as run_lib, specs
   saved = config_lib.saved_config(FLAGS.workdir)
   if saved is None:
     raise app.UsageError(f"{FLAGS.workdir} is not a training workdir (no config.json)")
   cfg = config_dict.ConfigDict(saved)
-  model, tok = model_build.build(specs.model_spec(cfg))
+  prec = specs.model_precision(cfg)  # the workdir's model.dtype, "auto" resolved here
+  model, tok = model_build.build(specs.model_spec(cfg, prec))
   graphdef, state = nnx.split(model)
   if not os.path.isdir(os.path.join(FLAGS.workdir, "checkpoints")):
     raise app.UsageError(f"{FLAGS.workdir} has no checkpoint yet")
@@ -232,7 +251,17 @@ def load_policy():
       "level": cfg.level, "style": cfg.prompt_style, "max_new_tokens": cfg.model.max_new_tokens,
       "max_prompt_len": cfg.model.max_prompt_len, "chat": cfg.chat_template,
       "image_size": image.get("size"), "patch_budget": image.get("patch_budget"),
-      "modalities": (cfg.get("eval") or {}).get("modalities")}
+      "modalities": (cfg.get("eval") or {}).get("modalities"),
+      "precision": precision_record(prec, "the workdir's model.dtype", model)}
+
+
+def precision_record(prec: precision_lib.Precision, source: str, model) -> dict:
+  """eval.json's "precision" (as training's results.json records it: the compute dtype asked
+  for, what it resolved to and why, and the weights' param_dtype), printed once."""
+  param_dtype = getattr(model.cfg, "text", model.cfg).param_dtype  # a VLConfig: its text model's
+  print(f"compute dtype {prec.dtype} ({source}={prec.requested!r}: {prec.reason}); parameters "
+        f"{param_dtype}", flush=True)
+  return dict(prec.record(), param_dtype=param_dtype)
 
 
 class FilePromptEncoder(pipeline.PromptEncoder):
@@ -376,7 +405,7 @@ def run(loaded: dict | None = None):
       table += (f"\n\nskipped {len(skipped)} invalid record(s) of {FLAGS.npbench_file} "
                 "(--skip_invalid; eval.json's \"skipped\" lists them)")
     plots = {("eval.png" if len(results) == 1 else f"eval_{lv}.png"): r for lv, r in results.items()}
-  write_outputs(res, table, plots)
+  write_outputs(res, table, plots, d["precision"])
 
 
 def eval_task_keys() -> list[str]:
@@ -392,9 +421,10 @@ def eval_task_keys() -> list[str]:
   return (np_keys if FLAGS["tasks"].present else []) + gym_keys
 
 
-def write_outputs(res: dict, table: str, plots: dict) -> None:
-  """eval.json and table.txt (atomically), then the plots: a plot that fails is a warning."""
-  report.write_json(res, os.path.join(FLAGS.out, "eval.json"))
+def write_outputs(res: dict, table: str, plots: dict, precision: dict) -> None:
+  """eval.json (with the policy's `precision_record`) and table.txt (atomically), then the
+  plots: a plot that fails is a warning."""
+  report.write_json(dict(res, precision=precision), os.path.join(FLAGS.out, "eval.json"))
   data_lib.atomic_write(os.path.join(FLAGS.out, "table.txt"), lambda f: f.write(table + "\n"))
   for name, r in plots.items():
     report.plot_or_warn(report.plot_before_after, None, r, os.path.join(FLAGS.out, name))
@@ -446,7 +476,7 @@ def evaluate_vlm(graphdef, params, processor, d: dict) -> None:
         f"{cache.hits} cache hits)")
   table = (f"{evaluation.format_table(res)}\n\nthe same instances by modality (table above: "
            f"{res['modality']}):\n{report.format_modalities(res)}")
-  write_outputs(res, table, {"eval.png": res})
+  write_outputs(res, table, {"eval.png": res}, d["precision"])
 
 
 if __name__ == "__main__":

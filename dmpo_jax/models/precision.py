@@ -106,12 +106,12 @@ def native_bfloat16(backend: Backend) -> tuple[bool, str]:
   return False, f"platform {backend.platform!r} not known to compute bfloat16 natively; float32"
 
 
-def resolve(requested: str, backend: Backend | None = None) -> Precision:
-  """config.model.dtype -> the Precision a run computes in. An explicit dtype is kept as it
-  is; "auto" is bfloat16 where `native_bfloat16(backend)` (default: `local_backend()`),
-  float32 otherwise."""
+def resolve(requested: str, backend: Backend | None = None, field: str = "model.dtype") -> Precision:
+  """config.model.dtype (or another setting, named by `field` in the reason: evaluate's
+  --dtype) -> the Precision a run computes in. An explicit dtype is kept as it is; "auto" is
+  bfloat16 where `native_bfloat16(backend)` (default: `local_backend()`), float32 otherwise."""
   if requested != AUTO:
-    return Precision(requested, requested, "set explicitly by model.dtype")
+    return Precision(requested, requested, f"set explicitly by {field}")
   native, why = native_bfloat16(backend if backend is not None else local_backend())
   return Precision(AUTO, "bfloat16" if native else "float32", why)
 

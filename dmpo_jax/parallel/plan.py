@@ -14,6 +14,13 @@ config the same way before it builds anything (training/memory.py): an RL
 update's `extra_rows` (DPH-RL's stored responses) and a `reference` policy
 (a second copy of the params) are part of the workload.
 
+The update's forward is the trainer's (`--prefix_shared`, as config.rl.prefix_shared; the rule
+of training/steps.py `forward_path`, `with_update_forward`): by default, for text prompts in
+groups of two or more, each group's prompt runs once (`Workload.prefix_shared`), so its
+activations hold P prompt tokens per group and T completion tokens per row instead of P + T
+per row; image prompts, groups of one, DPH's stored rows and `--prefix_shared=off` run per
+row.
+
 A Qwen2.5-VL model (`VL_MODELS`, or a config whose checkpoint is one) adds its
 vision tower: parameters and AdamW state exact like the text model's (the
 tower's logical axis names shard it like the text layers), gradients only
@@ -102,6 +109,9 @@ class Workload:
   train_vision: bool = False  # VL: the tower is trained (rl.freeze_vision = False)
   extra_rows: int = 0        # update rows beyond prompts x group (DPH-RL's stored responses, dph.batch)
   reference: bool = False    # a reference policy (a second copy of the params) is held beside the policy
+  prefix_shared: bool = False  # the update runs each group's prompt once (training/steps.py
+  #                              `make_logprob_fn`'s prefix-shared forward, config.rl.prefix_shared):
+  #                              its activations hold P prompt tokens per group, not per row
 
 
 def _fake_mesh(shape: dict):
@@ -222,6 +232,9 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
     if not isinstance(getattr(cfg, "vision", None), VisionConfig):
       raise TypeError(f"plan: cfg must be a ModelConfig or a VLConfig, got {type(cfg).__name__}")
     vc, cfg = cfg.vision, cfg.text
+    if work.prefix_shared:
+      raise ValueError("prefix_shared: a vision-language policy's update runs per row (the "
+                       "image prompts' tower features enter each row's prompt)")
   ndev = math.prod(int(v) for v in mesh_shape.values())
   rows_div = int(mesh_shape.get("data", 1)) * int(mesh_shape.get("fsdp", 1))
   tensor = int(mesh_shape.get("tensor", 1))
@@ -257,16 +270,37 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
     raise ValueError(f"micro_batches={work.micro_batches} must leave a whole number of prompts per "
                      f"data x fsdp device in each slice ({work.prompts} prompts, {rows_div} devices)")
   micro_rows = -(-update_rows_dev // work.micro_batches)  # rows whose activations live at once
-  per_layer = micro_rows * seq * ((6 * d + 3 * f / tensor) * act_bytes + attn_saved)
+  kv_heads_dev = _split(cfg.num_kv_heads, tensor)
+  token_bytes = (6 * d + 3 * f / tensor) * act_bytes
+  if work.prefix_shared:
+    # The prefix-shared forward (`Transformer.shared_hidden`): each group's P prompt tokens run
+    # once and attend to themselves (probabilities [heads, P] per token with the reference
+    # core); each row's T completion tokens attend to [prompt | own] keys, through
+    # `attention.attend_shared` (float32 probabilities over P + T keys kept, also under a flash
+    # core) unless the core is 'xla' / 'cudnn', whose inputs are the prompt's K and V repeated
+    # per row (kept for the backward). DPH's extra rows (flat, one per prompt) run per row.
+    shared_rows = -(-rows_dev // work.micro_batches)
+    groups = -(-work.prompts // (rows_div * work.micro_batches))  # prompts per device and slice
+    extra = micro_rows - shared_rows
+    p_len, t_len = work.prompt_len, work.new_tokens
+    repeat = impl in ("xla", "cudnn")
+    prompt_attn = heads_dev * p_len * 4 if impl == "reference" else heads_dev * 4
+    completion_attn = heads_dev * 4 if repeat else heads_dev * seq * 4
+    tokens = groups * p_len + shared_rows * t_len + extra * seq
+    per_layer = (tokens * token_bytes + groups * p_len * prompt_attn
+                 + shared_rows * t_len * completion_attn + extra * seq * attn_saved
+                 + (shared_rows * p_len * 2 * kv_heads_dev * cfg.head_dim * act_bytes if repeat else 0))
+  else:
+    tokens = micro_rows * seq
+    per_layer = tokens * (token_bytes + attn_saved)
   layers_saved = 1 if work.remat else L
-  acts = per_layer * layers_saved + (micro_rows * seq * d * act_bytes * L if work.remat else 0)
+  acts = per_layer * layers_saved + (tokens * d * act_bytes * L if work.remat else 0)
   v_acts, v_sample = (0, 0) if vc is None else vision_activations(vc, work, rows_div, tensor)
   acts += v_acts
   # float32 logits: all T completion tokens on CPU; on an accelerator the update makes them in
   # chunks of `steps.auto_chunk(T)` tokens (a chunk and its gradient live at once).
   logit_tokens = work.new_tokens if work.backend == "cpu" else 2 * _auto_chunk(work.new_tokens)
   logits = micro_rows * logit_tokens * _split(cfg.vocab_size, tensor) * 4
-  kv_heads_dev = _split(cfg.num_kv_heads, tensor)
   kv = rows_dev * seq * L * 2 * kv_heads_dev * cfg.head_dim * act_bytes
   all_p = p_dev + v_dev
   # The reference policy: frozen params, no optimizer state; with LoRA the base with the
@@ -282,7 +316,7 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
          "activation_bytes": acts, "sampling_logit_bytes": rows_dev * cfg.vocab_size * 4,
          "attention": impl, "logit_bytes": logits, "kv_cache_bytes": kv, "update_peak_bytes": train_total,
          "sampling_peak_bytes": sample_total, "rows_per_device": rows_dev, "micro_rows": micro_rows,
-         "reference": work.reference,
+         "reference": work.reference, "prefix_shared": work.prefix_shared,
          "activation_note": "activations, logits and KV cache are shape estimates; params and "
                             "optimizer state are exact"}
   if vc is not None:
@@ -312,7 +346,9 @@ def format_plan(name: str, p: dict) -> str:
            f"  optimizer     {g(p['optimizer_bytes'])}   (AdamW mu + nu"
            f"{' of the adapters' if lora else ''})",
            f"  gradients     {g(p['grad_bytes'])}",
-           f"  activations   {g(p['activation_bytes'])}   (estimate; attention core {p['attention']!r})",
+           f"  activations   {g(p['activation_bytes'])}   (estimate; attention core {p['attention']!r}; "
+           + ("each group's prompt once" if p.get("prefix_shared") else "prompt + completion per row")
+           + ")",
            f"  logits f32    {g(p['logit_bytes'])}   (estimate)",
            f"  KV cache      {g(p['kv_cache_bytes'])}   (estimate)",
            f"  update peak   {g(p['update_peak_bytes'])}",
@@ -384,10 +420,37 @@ def arg_parser():
   ap.add_argument("--reference", action="store_true",
                   help="a reference policy is held (KL presets): a copy of the params, or with "
                        "LoRA the base with the adapters off (no copy)")
+  ap.add_argument("--prefix_shared", default=None, choices=PREFIX_SHARED,
+                  help="the update's log-prob forward, as config.rl.prefix_shared: 'auto' (the "
+                       "default; a config's own with --config) runs each group's prompt once "
+                       "where the trainer does (text prompts, groups of 2 or more), 'off' every "
+                       "row's prompt + completion, 'on' shared or an error")
   ap.add_argument("--train_vision", action="store_true", default=None,
                   help="vision-language models: the vision tower is trained (default: frozen, "
                        "as rl.freeze_vision)")
   return ap
+
+
+PREFIX_SHARED = ("auto", "on", "off")  # config.rl.prefix_shared's values
+
+
+def with_update_forward(work: Workload, setting: str, images: bool,
+                        field: str = "config.rl.prefix_shared") -> Workload:
+  """work with `prefix_shared` as the trainer decides it for config.rl.prefix_shared = setting
+  on the update's batch [prompts, G, P+T]; images: the policy is a vision-language model. The
+  rule of training/steps.py `forward_path`, restated because this layer may not import the
+  training layer (the config check calls that function itself, training/memory.py
+  `update_forward`; tests/parallel/test_plan.py checks that the two agree): "off" per row;
+  "auto" shared unless the prompts carry images, a completion has fewer than 2 tokens or the
+  groups are of one; "on" shared, or a ValueError naming `field` where it cannot apply."""
+  if setting not in PREFIX_SHARED:
+    raise ValueError(f"{field}={setting!r}: choose one of {list(PREFIX_SHARED)}")
+  why = ("image prompts: a vision-language policy's update runs per row" if images else
+         f"a completion of {work.new_tokens} token(s)" if work.new_tokens < 2 else
+         "groups of one (nothing to share)" if work.group < 2 and setting == "auto" else None)
+  if setting == "on" and why is not None:
+    raise ValueError(f"{field}={setting!r}: the prefix-shared forward does not apply: {why}")
+  return dataclasses.replace(work, prefix_shared=setting != "off" and why is None)
 
 
 def planned_dtype(dtype: str, backend: str) -> str:
@@ -402,7 +465,8 @@ def planned_dtype(dtype: str, backend: str) -> str:
 
 def from_config_file(spec: str, backend: str, mesh: dict):
   """(model config, mesh, workload, name) of a training config file[:arg] whose model.init is
-  a Hugging Face folder (its config.json), with the config's LoRA, mesh and RL shapes."""
+  a Hugging Face folder (its config.json), with the config's LoRA, mesh and RL shapes and the
+  update's forward (rl.prefix_shared)."""
   import importlib.util, json, os
   path, _, arg = spec.partition(":")
   spec_ = importlib.util.spec_from_file_location("cfgmod", path)
@@ -424,6 +488,7 @@ def from_config_file(spec: str, backend: str, mesh: dict):
                   c.model.max_new_tokens, c.model.remat, c.rl.micro_batches or 1,  # 0: auto, 1 off CPU
                   backend, image.get("patch_budget") or Workload.patch_budget,
                   not c.rl.get("freeze_vision", True))
+  work = with_update_forward(work, c.rl.get("prefix_shared", "auto"), vl)
   return cfg, mesh, work, c.model.init
 
 
@@ -450,6 +515,11 @@ def main(argv=None):
   for flag, value in (("--patch_budget", args.patch_budget), ("--train_vision", args.train_vision)):
     if value is not None and not is_vl:
       ap.error(f"{flag} applies to vision-language models only; {name} is a text model")
+  if args.prefix_shared is not None or not args.config:  # a config file's own: from_config_file
+    try:
+      work = with_update_forward(work, args.prefix_shared or "auto", is_vl, "--prefix_shared")
+    except ValueError as e:
+      ap.error(str(e))
   if args.patch_budget is not None:
     work = dataclasses.replace(work, patch_budget=args.patch_budget)
   if args.train_vision:

@@ -35,6 +35,7 @@ from dmpo_jax.models.precision import AUTO
 from dmpo_jax.objectives import presets
 from dmpo_jax.parallel import sharding
 from dmpo_jax.training import memory
+from dmpo_jax.training import steps
 from dmpo_jax.training import transfer
 
 
@@ -110,8 +111,7 @@ def Strs(names, optional=False) -> Spec:
 
 
 ANY = Spec((object,), "anything")
-# config.rl.prefix_shared -> steps.make_logprob_fn's prefix_shared
-PREFIX_SHARED = {"auto": None, "on": True, "off": False}
+PREFIX_SHARED = steps.PREFIX_SHARED  # config.rl.prefix_shared -> make_logprob_fn's prefix_shared
 DTYPES = ("float32", "bfloat16", "float16")
 # model.dtype may also be "auto": bfloat16 where the backend computes it natively, else float32
 # (models/precision.py; resolved once at setup, training/specs.py: model_precision)

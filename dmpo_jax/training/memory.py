@@ -8,15 +8,20 @@ The stages sized (each a `plan.Workload` of the policy; `phases`):
 
   the SFT update        sft.batch_size rows
   the RL update         rl.prompts_per_step x rl.group_size rows (+ dph.batch for dph_*
-                        presets), in rl.micro_batches slices
+                        presets), in rl.micro_batches slices; where the update runs the
+                        prefix-shared forward (rl.prefix_shared, decided as the trainer
+                        decides it: `update_forward`), each group's prompt counted once
   the RL sampler        rl.prompts_per_step / rl.rollout_chunks x rl.group_size rows
   the evaluation        eval.batch_prompts x eval.samples rows (or eval.points_samples' most)
   the DPH pre-sampler   eval.batch_prompts x dph.samples rows (dph_* presets)
   the perception probe  eval.batch_prompts rows of perception.max_new_tokens
 
-each of model.max_prompt_len + model.max_new_tokens tokens. An update holds params, gradients,
-AdamW state, activations and logits; a sampler params, AdamW state, its KV cache and logits;
-a reference policy (KL presets) adds a copy of the params to both. The policy's shape comes
+each of model.max_prompt_len + model.max_new_tokens tokens (the prefix-shared RL update: P
+prompt tokens per group plus T completion tokens per row; DPH's stored rows and the SFT
+update run per row). An update holds params, gradients, AdamW state, activations and logits;
+a sampler params, AdamW state, its KV cache and logits; a reference policy (KL presets) adds a
+copy of the params to both. The log-prob passes without a backward (the reference policy's
+on each rollout piece, DPH's stored log-probs) are not sized. The policy's shape comes
 from config.model alone: its sizes and the tokenizer's vocabulary for a model from scratch,
 config.json or the GGUF header of a checkpoint (no weights are read).
 
@@ -32,9 +37,12 @@ import dataclasses
 import os
 
 import jax
+import jax.numpy as jnp
 
+from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.objectives import presets
 from dmpo_jax.parallel import plan
+from dmpo_jax.training import steps
 
 GIB = plan.GIB
 
@@ -68,10 +76,31 @@ def model_config(cfg):
   return dataclasses.replace(mc, text=mc.text.replace(lora=lora)) if vl else mc.replace(lora=lora)
 
 
+def update_forward(setting: str, prompts: int, group: int, prompt_len: int, new_tokens: int,
+                   images: bool = False, field: str = "config.rl.prefix_shared") -> tuple:
+  """The forward the RL update runs under config.rl.prefix_shared = setting ("auto", "on" or
+  "off"): ("prefix_shared", why, G) or ("per_row", why, 1), decided by `steps.forward_path`
+  (the function the update and its log line decide by) on the shape of the update's batch,
+  seqs [prompts, G, P+T], with image inputs for a vision-language policy (images). DPH's
+  stored rows, flat, run per row beside it. A ValueError naming the field where "on" cannot
+  apply (field: the name the messages give the setting)."""
+  if setting not in steps.PREFIX_SHARED:
+    raise ValueError(f"{field}={setting!r}: choose one of {list(steps.PREFIX_SHARED)}")
+  lead = (prompts, group)
+  seqs = {"tokens": jax.ShapeDtypeStruct(lead + (prompt_len + new_tokens,), jnp.int32),
+          "prompt_mask": jax.ShapeDtypeStruct(lead + (prompt_len,), jnp.int32),
+          "images": {} if images else None}
+  try:
+    return steps.forward_path(steps.PREFIX_SHARED[setting], seqs, prompt_len)
+  except ValueError as e:
+    raise ValueError(f"{field}={setting!r}: {e}") from None
+
+
 def phases(cfg, obj: presets.ObjectiveConfig, micro_batches: int, backend: str,
-           samples: int) -> list[Phase]:
+           samples: int, *, vl: bool) -> list[Phase]:
   """The stages of a run of `cfg` that hold the most memory (see the module docstring);
-  samples: the most samples per instance of an evaluation (config.points_samples_max)."""
+  samples: the most samples per instance of an evaluation (config.points_samples_max); vl:
+  the policy is a vision-language model (its prompts carry images: the update runs per row)."""
   m, rl, ev = cfg.model, cfg.rl, cfg.eval
   need = presets.needs(obj)
   seq = f"rows of model.max_prompt_len={m.max_prompt_len} + model.max_new_tokens={m.max_new_tokens} tokens"
@@ -87,13 +116,18 @@ def phases(cfg, obj: presets.ObjectiveConfig, micro_batches: int, backend: str,
                                    **dict(base, reference=False)), "update_peak_bytes"))
   if rl.steps:
     extra = dph * cfg.dph.batch
+    path = update_forward(rl.prefix_shared, rl.prompts_per_step, rl.group_size, m.max_prompt_len,
+                          m.max_new_tokens, images=vl)
     out.append(Phase("the RL update", f"config.rl.prompts_per_step={rl.prompts_per_step} x "
                      f"rl.group_size={rl.group_size}" + (f" + dph.batch={extra}" if extra else "")
                      + f" {seq}, rl.micro_batches={rl.micro_batches}"
-                     + (f" (auto: {micro_batches})" if not rl.micro_batches else ""),
+                     + (f" (auto: {micro_batches})" if not rl.micro_batches else "")
+                     + f", rl.prefix_shared={rl.prefix_shared!r} ({path[0]}: {path[1]})",
                      plan.Workload(prompts=rl.prompts_per_step, group=rl.group_size,
                                    micro_batches=micro_batches, extra_rows=extra,
-                                   train_vision=not frozen("rl"), **base), "update_peak_bytes"))
+                                   train_vision=not frozen("rl"),
+                                   prefix_shared=path[0] == "prefix_shared", **base),
+                     "update_peak_bytes"))
     out.append(Phase("the RL sampler", f"config.rl.prompts_per_step={rl.prompts_per_step} / "
                      f"rl.rollout_chunks={rl.rollout_chunks} x rl.group_size={rl.group_size} {seq}",
                      plan.Workload(prompts=rl.prompts_per_step // rl.rollout_chunks,
@@ -155,7 +189,6 @@ def micro_batches(cfg, obj: presets.ObjectiveConfig, mesh) -> int:
   """The RL update's micro-batches: config.rl.micro_batches, or with 0 (auto)
   `steps.auto_micro_batches` of the objective, the step's prompts and the mesh's batch rows."""
   from dmpo_jax.parallel import sharding
-  from dmpo_jax.training import steps
   return cfg.rl.micro_batches or steps.auto_micro_batches(obj, cfg.rl.prompts_per_step,
                                                           sharding.batch_rows(mesh))
 
@@ -166,9 +199,10 @@ def estimate(cfg, obj: presets.ObjectiveConfig, mesh, samples: int) -> list[tupl
   backend = {"cpu": "cpu", "tpu": "tpu"}.get(mesh.devices.flat[0].platform, "gpu")
   model = model_config(cfg)
   shape = {a: int(n) for a, n in mesh.shape.items()}
+  stages = phases(cfg, obj, micro_batches(cfg, obj, mesh), backend, samples,
+                  vl=not isinstance(model, ModelConfig))
   try:
-    return [(p, plan.plan(model, shape, p.work))
-            for p in phases(cfg, obj, micro_batches(cfg, obj, mesh), backend, samples)]
+    return [(p, plan.plan(model, shape, p.work)) for p in stages]
   except ValueError as e:  # the one workload a model cannot take: an image patch budget
     raise ValueError(f"config.image.patch_budget: {e}") from None
 

@@ -27,6 +27,8 @@ from dmpo_jax.objectives import common, flowrl, presets
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training.state import TrainState
 
+# config.rl.prefix_shared's settings -> `make_logprob_fn`'s prefix_shared
+PREFIX_SHARED = {"auto": None, "on": True, "off": False}
 TRACES: collections.Counter = collections.Counter()  # compilations per step function
 # Traces of `make_logprob_fn`s by `forward_path`: (forward, reason, G), forward "prefix_shared"
 # or "per_row".

@@ -105,3 +105,47 @@ def test_memory_plans_size_auto_as_the_target_backend_resolves_it():
     assert plan.planned_dtype("auto", "tpu") == "bfloat16"
     assert plan.planned_dtype("auto", "gpu") == "float32"
   assert plan.planned_dtype("bfloat16", "cpu") == "bfloat16"
+
+
+# --- python -m dmpo_jax.evaluate --hf=... --dtype -------------------------------------------------
+
+def test_evaluate_refuses_an_unknown_dtype_and_dtype_with_a_workdir(tmp_path, capsys):
+  """Before a model loads (the folders need not exist): one line naming the flag and the choices."""
+  from tests.helpers import run_evaluate
+  code, _, err = run_evaluate([f"--hf={tmp_path}/none", "--dtype=float64", f"--out={tmp_path}/o"],
+                              capsys)
+  assert code == 2 and "--dtype='float64': choose one of ['float32', 'bfloat16', 'float16', 'auto']" in err
+  code, _, err = run_evaluate([f"--workdir={tmp_path}/none", "--dtype=auto", f"--out={tmp_path}/o"],
+                              capsys)
+  assert code == 2 and "--dtype applies to --hf models" in err, err
+
+
+@pytest.mark.slow  # builds and samples a tiny model, twice
+def test_evaluate_dtype_auto_resolves_prints_and_records(tmp_path, capsys, monkeypatch):
+  """--dtype=auto on a simulated AMX CPU: resolved by models/precision.py (through
+  `local_backend`'s CPU flags) to bfloat16, which the model is loaded in; the line printed once
+  and eval.json's "precision" say so (with the weights' dtype, the compute dtype here). The
+  default, float32, is recorded as set by --dtype."""
+  import json
+  from dmpo_jax.models import hf, tokenizer as tokenizer_lib
+  from tests.helpers import run_evaluate, tiny_hf
+  tok = tokenizer_lib.build(str(tmp_path / "model"))
+  tiny_hf(str(tmp_path / "model"), vocab=len(tok))
+  monkeypatch.setattr(precision, "read_cpu_flags", lambda path="/proc/cpuinfo": PLAIN | {"amx_bf16"})
+  loaded, load = [], hf.load
+  monkeypatch.setattr(hf, "load", lambda path, **kw: loaded.append(kw["dtype"]) or load(path, **kw))
+  argv = [f"--hf={tmp_path}/model", "--tasks=knapsack", "--num=1", "--samples=1", "--k=1",
+          "--max_new_tokens=4", "--batch_prompts=1", "--style=compact"]
+  for extra, dtype, reason in ((["--dtype=auto"], "bfloat16", "CPU flags amx_bf16"),
+                               ([], "float32", "set explicitly by --dtype")):
+    out_dir = tmp_path / f"out_{dtype}"
+    code, out, err = run_evaluate(argv + extra + [f"--out={out_dir}"], capsys)
+    assert code == 0, err
+    assert loaded.pop() == dtype and not loaded
+    requested = "auto" if extra else "float32"
+    line = f"compute dtype {dtype} (--dtype={requested!r}: {reason}"
+    assert out.count("compute dtype ") == 1 and line in out, out
+    record = json.loads((out_dir / "eval.json").read_text())["precision"]
+    # hf.load stores the weights in the compute dtype (its param_dtype default)
+    assert record == {"requested": requested, "dtype": dtype, "param_dtype": dtype,
+                      "reason": record["reason"]} and reason in record["reason"]

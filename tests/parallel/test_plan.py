@@ -74,6 +74,82 @@ def test_activation_estimate_follows_the_attention_core():
   assert gpu["logit_bytes"] == rows * 2 * 128 * cfg.vocab_size * 4
 
 
+@pytest.mark.parametrize("backend,remat,mesh,micro", [
+    ("cpu", False, {"data": 1}, 1),  # the reference core: probabilities kept
+    ("gpu", True, {"data": 1}, 1),   # float32 on a GPU: the fused 'xla' core; remat
+    ("cpu", False, {"data": 2}, 2),  # rows over two devices, two micro-batches
+])
+def test_prefix_shared_update_counts_each_prompt_once(backend, remat, mesh, micro):
+  """The prefix-shared update's activations, by hand. Float32 (4 bytes), D 32, F 64, N 4 query
+  and K 2 key-value heads of H 8, L 3 layers; 4 prompts x G 4, P 16 + T 8 = S 24 tokens. Per
+  layer a token keeps c = (6D + 3F) x 4 bytes, and under the reference core its float32
+  probabilities over the keys it sees, a(keys) = N x keys x 4; a fused core one log-sum-exp per
+  head, N x 4. Per device and slice, R rows of Bp = R / G prompts.
+    per row:         R S (c + a(S))
+    prefix-shared:   Bp P (c + a(P)) + R T (c + a(S))     (completions see P + T = S keys)
+  so sharing saves R P (c + a(S)) - Bp P (c + a(P)) per layer. With the 'xla' core a(.) is
+  N x 4 throughout, and the completions' inputs hold the prompt's K and V repeated per row:
+  R P 2KH x 4 bytes more. Remat keeps one layer plus every layer's input, D x 4 per token."""
+  d, f, n, k, h, layers, p, t, g, prompts = 32, 64, 4, 2, 8, 3, 16, 8, 4, 4
+  cfg = ModelConfig(vocab_size=128, hidden_size=d, intermediate_size=f, num_layers=layers,
+                    num_heads=n, num_kv_heads=k, head_dim=h, architecture="llama", dtype="float32")
+  work = dict(prompts=prompts, group=g, prompt_len=p, new_tokens=t, backend=backend, remat=remat,
+              micro_batches=micro)
+  per_row = plan.plan(cfg, mesh, plan.Workload(**work))
+  shared = plan.plan(cfg, mesh, plan.Workload(**work, prefix_shared=True))
+  rows = prompts * g // mesh["data"] // micro
+  bp, s, c = rows // g, p + t, (6 * d + 3 * f) * 4
+  xla = backend == "gpu"
+  assert shared["attention"] == ("xla" if xla else "reference")
+  a = (lambda keys: n * 4) if xla else (lambda keys: n * keys * 4)
+  saved = rows * p * (c + a(s)) - bp * p * (c + a(p)) - (rows * p * 2 * k * h * 4 if xla else 0)
+  if remat:
+    saved += layers * d * 4 * (rows * p - bp * p)
+  else:
+    saved *= layers
+  assert per_row["activation_bytes"] - shared["activation_bytes"] == saved > 0
+  assert shared["logit_bytes"] == per_row["logit_bytes"]  # logits: the completions' alone
+  assert shared["update_peak_bytes"] == per_row["update_peak_bytes"] - saved
+
+
+def test_the_planner_clis_prefix_shared_rule_is_the_trainers():
+  """`plan.with_update_forward` (the CLI's; this layer cannot import training/) decides as
+  training/memory.py `update_forward`, i.e. `steps.forward_path` on the update's batch, on
+  every setting, group size, completion length and prompt kind; "on" is refused alike."""
+  from dmpo_jax.training import memory
+  for setting in ("auto", "on", "off"):
+    for group in (1, 2, 8):
+      for new_tokens in (1, 2, 16):
+        for images in (False, True):
+          work = plan.Workload(prompts=4, group=group, prompt_len=8, new_tokens=new_tokens)
+          try:
+            path = memory.update_forward(setting, 4, group, 8, new_tokens, images)
+          except ValueError:
+            with pytest.raises(ValueError, match=f"--prefix_shared='{setting}'"):
+              plan.with_update_forward(work, setting, images, "--prefix_shared")
+            continue
+          got = plan.with_update_forward(work, setting, images).prefix_shared
+          assert got == (path[0] == "prefix_shared"), (setting, group, new_tokens, images, path)
+  with pytest.raises(ValueError, match="choose one of"):
+    plan.with_update_forward(plan.Workload(), "yes", False)
+
+
+def test_prefix_shared_flag_of_the_planner_cli(capsys):
+  plan.main(["--model=qwen2.5-0.5b", "--device_gib=1000"])
+  assert "each group's prompt once" in capsys.readouterr().out
+  plan.main(["--model=qwen2.5-0.5b", "--device_gib=1000", "--prefix_shared=off"])
+  assert "prompt + completion per row" in capsys.readouterr().out
+  plan.main(["--model=qwen2.5-0.5b", "--device_gib=1000", "--group=1"])  # nothing to share
+  assert "prompt + completion per row" in capsys.readouterr().out
+  with pytest.raises(SystemExit) as e:
+    plan.main(["--model=qwen2.5-vl-7b", "--prefix_shared=on"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "--prefix_shared='on'" in err and "image prompts" in err, err
+  with pytest.raises(ValueError, match="vision-language policy's update runs per row"):
+    plan.plan(_tiny_vl(), {"data": 1}, plan.Workload(prompt_len=32, new_tokens=8, patch_budget=16,
+                                                      prefix_shared=True))
+
+
 # --- Qwen2.5-VL: the vision tower -----------------------------------------------------------------
 
 def _tiny_vl(**vision):
@@ -250,15 +326,43 @@ def test_config_estimate_adds_dph_rows_and_the_reference_policy():
   plain, _ = _phases(smoke("smoke,algo=grpo", **{"rl.micro_batches": 1}))
   dph, _ = _phases(smoke("smoke,algo=dph_f", **{"rl.micro_batches": 1}))
   kl, _ = _phases(smoke("smoke,algo=rkl", **{"rl.micro_batches": 1}))
+  per_row, _ = _phases(smoke("smoke,algo=grpo", **{"rl.micro_batches": 1, "rl.prefix_shared": "off"}))
   cfg = smoke("smoke,algo=dph_f")
   assert "the DPH pre-sampler" in dph and "the DPH pre-sampler" not in plain
   a, b = plain["the RL update"][1], dph["the RL update"][1]
+  assert a["prefix_shared"] and b["prefix_shared"]
   rows = cfg.rl.prompts_per_step * cfg.rl.group_size
-  assert b["activation_bytes"] * rows == a["activation_bytes"] * (rows + cfg.dph.batch)
+  # DPH's stored rows run per row beside the prefix-shared groups: each adds a per-row row
+  assert (b["activation_bytes"] - a["activation_bytes"]) * rows == (
+      per_row["the RL update"][1]["activation_bytes"] * cfg.dph.batch)
   assert kl["the RL update"][1]["reference_bytes"] == kl["the RL update"][1]["param_bytes"] > 0
   assert a["reference_bytes"] == 0
   assert (kl["the RL sampler"][1]["sampling_peak_bytes"] - plain["the RL sampler"][1]["sampling_peak_bytes"]
           == kl["the RL sampler"][1]["param_bytes"])
+
+
+def test_config_estimate_runs_the_update_forward_the_trainer_runs():
+  """The RL update's workload is prefix-shared exactly where the trainer's update is
+  (`steps.forward_path` of its [prompts, G, P+T] batch under config.rl.prefix_shared): a
+  default text config; not with "off", groups of one or image prompts. SFT runs per row."""
+  from dmpo_jax.models.config import ModelConfig as MC
+  from dmpo_jax.training import memory
+  from dmpo_jax.training.run import objective_from_config
+  from tests.helpers import config_module, smoke
+  cases = [(smoke(), True), (smoke(**{"rl.prefix_shared": "on"}), True),
+           (smoke(**{"rl.prefix_shared": "off"}), False), (smoke(**{"rl.group_size": 1}), False),
+           (config_module("mm_nphard").get_config("smoke"), False)]
+  for cfg, shared in cases:
+    phases, _ = _phases(cfg)
+    ph, p = phases["the RL update"]
+    assert ph.work.prefix_shared is p["prefix_shared"] is shared, (cfg.rl.prefix_shared, ph.fields)
+    assert ("prefix_shared: " if shared else "per_row: ") in ph.fields
+    assert not phases["the SFT update"][0].work.prefix_shared
+    assert isinstance(memory.model_config(cfg), MC) == ("vision" not in cfg.model)
+  cfg = config_module("mm_nphard").get_config("smoke")
+  cfg.rl.prefix_shared = "on"
+  with pytest.raises(ValueError, match="config.rl.prefix_shared='on': .*image prompts"):
+    memory.phases(cfg, objective_from_config(cfg), 1, "cpu", cfg.eval.samples, vl=True)
 
 
 @pytest.mark.parametrize("name,arg", [("nphard", None), ("nphard", "smoke"), ("collapse", None),
