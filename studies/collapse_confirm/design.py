@@ -74,6 +74,27 @@ def choose_strength(runs_points: dict, family: str) -> tuple[str, dict]:
   return best, table
 
 
+# Stage 1's choice (`choose_strength` on seeds 0-4, all 200 stage-1 runs and tier 1's DMPO,
+# DM-only and rkl points: studies/collapse_confirm/stage1/), committed on 2026-12-06 before any
+# stage-2 run (docs/COLLAPSE.md, "Stage 1's choice"). Clip-Cov: no label reached on 4 of 5
+# seeds, so the rule's fallback (most seeds reached, then the highest mean) chose it.
+CHOSEN = {
+    "dmpo": "dmpo-320-a1_15",
+    "dm_only": "dm_only-lr0.0001",
+    "rkl": "rkl-1.25",
+    "dph_f": "dph_f-eta12.5",
+    "dph_js": "dph_js-eta62.5",
+    "passk": "passk-passk_k4",
+    "pkpo": "pkpo-pkpo_k2",
+    "unlikely": "unlikely-unlikely_penalty0.9",
+    "w_reinforce": "w_reinforce-psr_weight1",
+    "kl_cov": "kl_cov-kl_cov_frac0.005",
+    "clip_cov": "clip_cov-clip_cov_frac0.005",
+    "outcome_batch": "outcome_batch-explore_coef2",
+    "outcome_ucb": "outcome_ucb-explore_coef0.1",
+}
+
+
 def confirm_labels(chosen: dict) -> list[str]:
   """Stage 2's labels: one per remedy (chosen[family]), the reference and full GRPO."""
   missing = [f for f in REMEDIES if f not in chosen]
@@ -96,8 +117,8 @@ def stage1_labels() -> list[str]:
   return [l for f in REMEDIES for l in CANDIDATES[f] if l not in RAN_IN_TIER1]
 
 
-if __name__ == "__main__":  # `python -m studies.collapse_confirm.design stage1`: the --presets value
+if __name__ == "__main__":  # `python -m studies.collapse_confirm.design stage1|stage2`: the --presets value
   import sys
-  if sys.argv[1:] != ["stage1"]:
-    sys.exit("usage: python -m studies.collapse_confirm.design stage1")
-  print(",".join(stage1_labels()))
+  if sys.argv[1:] not in (["stage1"], ["stage2"]):
+    sys.exit("usage: python -m studies.collapse_confirm.design stage1|stage2")
+  print(",".join(stage1_labels() if sys.argv[1] == "stage1" else confirm_labels(CHOSEN)))

@@ -261,7 +261,8 @@ def test_chosen_strengths(tmp_path):
     stage2.resolve_chosen(text, other)
 
 
-def test_main_writes_tables_json_and_forest_plot(tmp_path, capsys):
+def test_main_writes_tables_json_and_forest_plot(tmp_path, capsys, monkeypatch):
+  monkeypatch.delattr(design, "CHOSEN", raising=False)  # the synthetic choice only (--chosen)
   src = write_csv(tmp_path / "points.csv")
   out = tmp_path / "out"
   chosen = ",".join(f"{f}={l}" for f, l in CHOSEN.items())
@@ -319,3 +320,15 @@ def test_stage2_module_answers_help():
   r = subprocess.run([sys.executable, "-m", "studies.collapse_confirm.stage2", "--help"], cwd=REPO,
                      capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=REPO))
   assert r.returncode == 0 and "--chosen" in r.stdout and "--out" in r.stdout
+
+
+def test_the_committed_choice_is_the_rule_on_all_of_stage_1():
+  # design.CHOSEN is what choose_strength gives on the committed stage-1 points, and every
+  # candidate of every family has all 5 exploration seeds there (the choice waited for them)
+  pts = stage1.load(["tier1:" + os.path.join(REPO, s[len("tier1:"):]) if s.startswith("tier1:")
+                     else os.path.join(REPO, s) for s in STAGE1_SOURCES])
+  for fam, labels in design.CANDIDATES.items():
+    assert all(set(pts[l]) == set(design.EXPLORE_SEEDS) for l in labels), fam
+  assert design.CHOSEN == {f: design.choose_strength(pts, f)[0] for f in design.REMEDIES}
+  labels = design.confirm_labels(design.CHOSEN)
+  assert len(labels) == len(set(labels)) == 15 and labels[:2] == [design.REFERENCE, design.FULL_GRPO]
