@@ -224,53 +224,27 @@ def vision_activations(vc: VisionConfig, work: Workload, rows_div: int, tensor: 
   return v_acts, v_sample
 
 
-def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = None) -> dict:
-  """The per-device plan of `cfg` (a ModelConfig, or a qwen2_5_vl.VLConfig: text model and
-  vision tower) on a mesh for an RL workload."""
-  vc = None
-  if not isinstance(cfg, ModelConfig):
-    if not isinstance(getattr(cfg, "vision", None), VisionConfig):
-      raise TypeError(f"plan: cfg must be a ModelConfig or a VLConfig, got {type(cfg).__name__}")
-    vc, cfg = cfg.vision, cfg.text
-    if work.prefix_shared:
-      raise ValueError("prefix_shared: a vision-language policy's update runs per row (the "
-                       "image prompts' tower features enter each row's prompt)")
-  ndev = math.prod(int(v) for v in mesh_shape.values())
-  rows_div = int(mesh_shape.get("data", 1)) * int(mesh_shape.get("fsdp", 1))
-  tensor = int(mesh_shape.get("tensor", 1))
-  p_dev, p_total, n_params = param_bytes_per_device(cfg, mesh_shape)
-  v_dev = v_total = n_vision = 0
-  if vc is not None:
-    v_dev, v_total, n_vision = param_bytes_per_device(vc, mesh_shape)
-  lora = cfg.lora is not None
-  v_grads = v_dev if vc is not None and work.train_vision and not lora else 0
-  # What is trained: every text param (and a trained tower), or with LoRA the adapters alone
-  # (the base, tower included, is frozen: no gradients, no AdamW state).
-  t_dev, _, n_trained = (param_bytes_per_device(cfg, mesh_shape, adapters=True) if lora
-                         else (p_dev, p_total, n_params))
-  opt = 2 * (t_dev + v_grads)  # AdamW mu and nu, param dtype, sharded like the params; none
-  #                              for a frozen tower (make_optimizer(freeze_vision=True))
-  grads = t_dev + v_grads    # a frozen tower's gradients are stop_gradient zeros, never stored
-  act_bytes = np.dtype(as_dtype(cfg.dtype)).itemsize
-  rows = work.prompts * work.group  # sampled together
-  rows_dev = -(-rows // rows_div)
-  update_rows_dev = -(-(rows + work.extra_rows) // rows_div)
+def _text_and_vision(cfg, work: Workload):
+  """(text ModelConfig, VisionConfig or None) of a ModelConfig or a VLConfig."""
+  if isinstance(cfg, ModelConfig):
+    return cfg, None
+  if not isinstance(getattr(cfg, "vision", None), VisionConfig):
+    raise TypeError(f"plan: cfg must be a ModelConfig or a VLConfig, got {type(cfg).__name__}")
+  if work.prefix_shared:
+    raise ValueError("prefix_shared: a vision-language policy's update runs per row (the "
+                     "image prompts' tower features enter each row's prompt)")
+  return cfg.text, cfg.vision
+
+
+def _layer_activations(cfg, work: Workload, impl: str, rows_dev: int, micro_rows: int, rows_div: int,
+                       tensor: int, attn_saved: int, act_bytes: int) -> tuple[float, int]:
+  """(bytes one layer saves for the backward per device, tokens per device and slice) of the
+  update: every row's prompt and completion (per row), or each group's prompt once and each
+  row's completion (`work.prefix_shared`). attn_saved: what attention keeps per token of a
+  per-row forward."""
+  d, f = cfg.hidden_size, cfg.intermediate_size
+  heads_dev, kv_heads_dev = _split(cfg.num_heads, tensor), _split(cfg.num_kv_heads, tensor)
   seq = work.prompt_len + work.new_tokens
-  d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-  heads_dev = _split(cfg.num_heads, tensor)
-  # Saved per token per layer for the backward pass: residual, 2 norms, q/k/v/o (~6d),
-  # the MLP's gate, up and activation (3f), and what attention keeps: the reference core
-  # its float32 probabilities (heads x seq), a fused core (xla / cudnn / flash) only a
-  # float32 log-sum-exp per head. (The 'xla' core on GPU builds the probabilities inside
-  # the kernel call but frees them; counted as fused.)
-  impl = attention.resolve(cfg.attention, as_dtype(cfg.dtype), work.backend)
-  attn_saved = heads_dev * seq * 4 if impl == "reference" else heads_dev * 4
-  if work.micro_batches > 1 and (work.prompts % work.micro_batches
-                                 or (work.prompts // work.micro_batches) % rows_div):
-    raise ValueError(f"micro_batches={work.micro_batches} must leave a whole number of prompts per "
-                     f"data x fsdp device in each slice ({work.prompts} prompts, {rows_div} devices)")
-  micro_rows = -(-update_rows_dev // work.micro_batches)  # rows whose activations live at once
-  kv_heads_dev = _split(cfg.num_kv_heads, tensor)
   token_bytes = (6 * d + 3 * f / tensor) * act_bytes
   if work.prefix_shared:
     # The prefix-shared forward (`Transformer.shared_hidden`): each group's P prompt tokens run
@@ -293,6 +267,51 @@ def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = Non
   else:
     tokens = micro_rows * seq
     per_layer = tokens * (token_bytes + attn_saved)
+  return per_layer, tokens
+
+
+def plan(cfg, mesh_shape: dict, work: Workload, device_bytes: float | None = None) -> dict:
+  """The per-device plan of `cfg` (a ModelConfig, or a qwen2_5_vl.VLConfig: text model and
+  vision tower) on a mesh for an RL workload."""
+  cfg, vc = _text_and_vision(cfg, work)
+  ndev = math.prod(int(v) for v in mesh_shape.values())
+  rows_div = int(mesh_shape.get("data", 1)) * int(mesh_shape.get("fsdp", 1))
+  tensor = int(mesh_shape.get("tensor", 1))
+  p_dev, p_total, n_params = param_bytes_per_device(cfg, mesh_shape)
+  v_dev = v_total = n_vision = 0
+  if vc is not None:
+    v_dev, v_total, n_vision = param_bytes_per_device(vc, mesh_shape)
+  lora = cfg.lora is not None
+  v_grads = v_dev if vc is not None and work.train_vision and not lora else 0
+  # What is trained: every text param (and a trained tower), or with LoRA the adapters alone
+  # (the base, tower included, is frozen: no gradients, no AdamW state).
+  t_dev, _, n_trained = (param_bytes_per_device(cfg, mesh_shape, adapters=True) if lora
+                         else (p_dev, p_total, n_params))
+  opt = 2 * (t_dev + v_grads)  # AdamW mu and nu, param dtype, sharded like the params; none
+  #                              for a frozen tower (make_optimizer(freeze_vision=True))
+  grads = t_dev + v_grads    # a frozen tower's gradients are stop_gradient zeros, never stored
+  act_bytes = np.dtype(as_dtype(cfg.dtype)).itemsize
+  rows = work.prompts * work.group  # sampled together
+  rows_dev = -(-rows // rows_div)
+  update_rows_dev = -(-(rows + work.extra_rows) // rows_div)
+  seq = work.prompt_len + work.new_tokens
+  d, L = cfg.hidden_size, cfg.num_layers
+  heads_dev = _split(cfg.num_heads, tensor)
+  # Saved per token per layer for the backward pass: residual, 2 norms, q/k/v/o (~6d),
+  # the MLP's gate, up and activation (3f), and what attention keeps: the reference core
+  # its float32 probabilities (heads x seq), a fused core (xla / cudnn / flash) only a
+  # float32 log-sum-exp per head. (The 'xla' core on GPU builds the probabilities inside
+  # the kernel call but frees them; counted as fused.)
+  impl = attention.resolve(cfg.attention, as_dtype(cfg.dtype), work.backend)
+  attn_saved = heads_dev * seq * 4 if impl == "reference" else heads_dev * 4
+  if work.micro_batches > 1 and (work.prompts % work.micro_batches
+                                 or (work.prompts // work.micro_batches) % rows_div):
+    raise ValueError(f"micro_batches={work.micro_batches} must leave a whole number of prompts per "
+                     f"data x fsdp device in each slice ({work.prompts} prompts, {rows_div} devices)")
+  micro_rows = -(-update_rows_dev // work.micro_batches)  # rows whose activations live at once
+  kv_heads_dev = _split(cfg.num_kv_heads, tensor)
+  per_layer, tokens = _layer_activations(cfg, work, impl, rows_dev, micro_rows, rows_div, tensor,
+                                         attn_saved, act_bytes)
   layers_saved = 1 if work.remat else L
   acts = per_layer * layers_saved + (tokens * d * act_bytes * L if work.remat else 0)
   v_acts, v_sample = (0, 0) if vc is None else vision_activations(vc, work, rows_div, tensor)
