@@ -25,11 +25,14 @@ def points_from_csv(path: str, metrics=METRICS) -> dict:
   `metrics` only; an empty cell is left out)."""
   out: dict = {}
   with open(path, newline="") as f:
-    for row in csv.DictReader(f):
-      vals = {m: float(row[m]) for m in metrics if row.get(m) not in (None, "")}
-      pt = out.setdefault(row["label"], {}).setdefault(int(row["seed"]), {}).setdefault(
-          int(row["rl_step"]), {"sets": {}})
-      pt["sets"][row["set"]] = {"overall_instance": vals}
+    for line, row in enumerate(csv.DictReader(f), start=2):
+      try:
+        vals = {m: float(row[m]) for m in metrics if row.get(m) not in (None, "")}
+        key = row["label"], int(row["seed"]), int(row["rl_step"]), row["set"]
+      except (KeyError, TypeError, ValueError) as e:
+        raise SystemExit(f"error: {path}, line {line}: not a points.csv row ({type(e).__name__}: {e})")
+      pt = out.setdefault(key[0], {}).setdefault(key[1], {}).setdefault(key[2], {"sets": {}})
+      pt["sets"][key[3]] = {"overall_instance": vals}
   return out
 
 
@@ -62,6 +65,8 @@ def load(sources, seeds, tier1_labels=(), metrics=METRICS) -> tuple[dict, dict, 
   for src in sources:
     only = tier1_labels if src.startswith(TIER1) else None
     path = src[len(TIER1):] if only is not None else src
+    if not os.path.exists(path):
+      raise SystemExit(f"error: source {src!r}: no such file or sweep folder")
     if path.endswith(".csv"):
       pts, others = points_from_csv(path, metrics), {}
     else:

@@ -332,3 +332,15 @@ def test_the_committed_choice_is_the_rule_on_all_of_stage_1():
   assert design.CHOSEN == {f: design.choose_strength(pts, f)[0] for f in design.REMEDIES}
   labels = design.confirm_labels(design.CHOSEN)
   assert len(labels) == len(set(labels)) == 15 and labels[:2] == [design.REFERENCE, design.FULL_GRPO]
+
+
+def test_a_missing_or_malformed_source_is_named(tmp_path):
+  with pytest.raises(SystemExit, match=r"source '.*nowhere.csv': no such file or sweep folder"):
+    stage1.load([str(tmp_path / "nowhere.csv")])
+  bad = tmp_path / "bad.csv"
+  bad.write_text("label,seed,rl_step,set,pass_optimal@1,coverage\ngrpo,0,0,A,0.4,1.0\ngrpo,x,0,B,0.4,1.0\n")
+  with pytest.raises(SystemExit, match=r"bad.csv, line 3: not a points.csv row \(ValueError"):
+    stage1.load([str(bad)])
+  bad.write_text("label,seed,set,pass_optimal@1\ngrpo,0,A,0.4\n")  # no rl_step column
+  with pytest.raises(SystemExit, match=r"bad.csv, line 2: not a points.csv row \(KeyError"):
+    stage1.load([str(bad)])
