@@ -119,19 +119,10 @@ def config_error(value, train_keys=(), style: str = "compact", sft_keys=()) -> s
   if trained:
     return (f"{FIELD}={value!r}: {trained} are trained on (config.tasks); the held-out evaluation "
             "already scores them, and transfer tasks are ones the run does not train on")
-  if style not in domain.PROMPT_STYLES:
-    return (f"{FIELD}={value!r}: reasoning-gym prompts are text; config.prompt_style="
-            f"{style!r} is an image style (use {domain.PROMPT_STYLES})")
-  try:
-    gym.register_keys(keys)
-  except (ImportError, ValueError) as e:
-    return f"{FIELD}={value!r}: {e}"
+  err = _text_style(value, FIELD, style) or _registered(value, FIELD, keys)
+  if err:
+    return err
   tasks = {k: domain.get(k) for k in keys}
-  configs = task_configs(keys)  # whole configs: "gym-chain_sum" is "gym-chain_sum:min_terms=2"
-  same = next((ks for ks in ([k for k in keys if configs[k] == c] for c in configs.values())
-               if len(ks) > 1), None)
-  if same:
-    return f"{FIELD}={value!r}: {same} are one config of one task; name it once"
   trained = {t.name: k for k in train_keys if k in domain.names()
              for t in [domain.get(k)] if isinstance(t, gym.GymTask)}
   other = [k for k in keys if tasks[k].name in trained]
@@ -161,21 +152,35 @@ def sft_error(value, train_keys=(), style: str = "compact", optimal: bool = Fals
   if both:
     return (f"{SFT_FIELD}={value!r}: {both} are tasks of config.tasks (trained in SFT and RL "
             "already); name each task in one of the two fields")
-  if style not in domain.PROMPT_STYLES:
-    return (f"{SFT_FIELD}={value!r}: reasoning-gym prompts are text; config.prompt_style="
-            f"{style!r} is an image style (use {domain.PROMPT_STYLES})")
+  err = _text_style(value, SFT_FIELD, style)
+  if err:
+    return err
   if optimal:
     return (f"{SFT_FIELD}={value!r}: config.sft.targets='optimal' needs enumerated optima, which "
             "reasoning-gym tasks lack; use sft.targets='sampled' (their reference answers)")
+  return _registered(value, SFT_FIELD, keys)
+
+
+def _text_style(value: str, field: str, style: str) -> str | None:
+  """The field's error when config.prompt_style is an image style (gym prompts are text)."""
+  if style not in domain.PROMPT_STYLES:
+    return (f"{field}={value!r}: reasoning-gym prompts are text; config.prompt_style="
+            f"{style!r} is an image style (use {domain.PROMPT_STYLES})")
+  return None
+
+
+def _registered(value: str, field: str, keys) -> str | None:
+  """The field's error, or None, once its keys are registered: a key reasoning-gym refuses, or
+  two keys of one whole config ("gym-chain_sum" is "gym-chain_sum:min_terms=2")."""
   try:
     gym.register_keys(keys)
   except (ImportError, ValueError) as e:
-    return f"{SFT_FIELD}={value!r}: {e}"
+    return f"{field}={value!r}: {e}"
   configs = task_configs(keys)
   same = next((ks for ks in ([k for k in keys if configs[k] == c] for c in configs.values())
                if len(ks) > 1), None)
   if same:
-    return f"{SFT_FIELD}={value!r}: {same} are one config of one task; name it once"
+    return f"{field}={value!r}: {same} are one config of one task; name it once"
   return None
 
 

@@ -467,6 +467,9 @@ def test_sft_gym_tasks_field_is_checked_before_anything_is_written(tmp_path):
   with pytest.raises(ValueError, match=r"config\.sft\.gym_tasks: \['TSP'\] are in config\.tasks"):
     pipeline.TaskSet(["TSP"], "tiny", 0, sft_only=("TSP",))
   assert transfer.sft_error("gym-chain_sum,gym-letter_counting", ["TSP"]) is None
+  for check, field in ((transfer.sft_error, "config.sft.gym_tasks"), (transfer.config_error, "config.eval.transfer")):
+    why = check("gym-chain_sum", ["TSP"], style="image")  # gym prompts are text
+    assert why.startswith(f"{field}='gym-chain_sum': reasoning-gym prompts are text") and "'image'" in why
   assert transfer.config_error("gym-chain_sum", ["TSP"], sft_keys=("gym-chain_sum",)) is None
   cfg = helpers.smoke()  # a workdir saved before the field existed resumes unchanged
   saved = config_lib.config_json(cfg)
