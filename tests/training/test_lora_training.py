@@ -125,7 +125,7 @@ def scan_carry_shapes(fn, *args) -> set:
   return shapes
 
 
-@pytest.mark.parametrize("term_grads", [False, True])
+@pytest.mark.parametrize("term_grads", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_micro_batches_carry_no_gradient_buffer_for_the_frozen_base(term_grads):
   """Summed over micro-batches, the frozen base's gradients ride as scalar zeros (no base-sized
   carry in the scan), and the result is bit-identical to carrying them in full."""
@@ -209,6 +209,7 @@ def test_plan_counts_the_built_models_adapters():
   assert full["trainable_params"] == full["params"]
 
 
+@pytest.mark.slow
 def test_plan_cli_puts_7b_and_8b_lora_grpo_on_one_80gb_device(capsys):
   from dmpo_jax.parallel import plan
   args = ["--mesh=data=1,fsdp=1,tensor=1", "--device_gib=80", "--prompts=8", "--group=8",
