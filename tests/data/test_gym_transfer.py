@@ -199,12 +199,16 @@ def test_transfer_field_is_checked_before_anything_is_written(tmp_path):
   for f in [f for f in saved["eval"] if f.startswith("transfer")]:
     del saved["eval"][f]
   assert config_lib.config_changes(saved, cfg) == {}
-  for name in ("nphard", "smollm2_nphard"):  # declared, empty by default
-    if name == "smollm2_nphard":
-      cfg = helpers.config_module(name).get_config("gguf=" + str(tmp_path))
-    else:
-      cfg = helpers.config_module(name).get_config()
-    assert cfg.eval.transfer == ""
+  assert helpers.config_module("nphard").get_config().eval.transfer == ""  # declared, empty
+  smollm2 = helpers.config_module("smollm2_nphard")
+  cfg = smollm2.get_config("gguf=" + str(tmp_path))  # the measured pair (studies/gym_transfer)
+  assert cfg.eval.transfer.split(",") == [smollm2.GYM_CHAIN_SUM, smollm2.GYM_ARITHMETIC]
+  assert set(cfg.eval.transfer.split(",")) <= set(cfg.sft.gym_tasks.split(","))
+  assert transfer.config_error(cfg.eval.transfer, cfg.tasks.split(","), cfg.prompt_style,
+                               cfg.sft.gym_tasks.split(",")) is None
+  for variant in ("smoke", "demo"):  # NP tasks only, as their tests and records are
+    cfg = smollm2.get_config(f"gguf={tmp_path},{variant}")
+    assert cfg.eval.transfer == cfg.sft.gym_tasks == ""
 
 
 @pytest.mark.slow
