@@ -504,3 +504,35 @@ def test_dry_run_shows_the_sft_mix_and_disjoint_transfer_instances(tmp_path):
   assert "transfer: 12 rows, 12 distinct" in instances.summary(res)
   with open(tmp_path / "instances.json") as f:
     assert json.load(f)["checks"]["disjoint"]
+
+
+def test_demo_table_reads_finished_runs_and_names_the_rest(tmp_path, capsys):
+  """studies/gym_transfer/demo_table.py: per label, NP-Bench's SR@3 and each transfer task's
+  full rate at the three evaluations, and the median regulariser / policy-gradient norm ratio
+  of the RL rows that logged one; a run without results.json is named, not filled in."""
+  from studies.gym_transfer import demo, demo_table
+  assert demo.DESIGN.baseline == "grpo" and demo.SETTINGS["dmpo-20"]["rl.objective.dm_coef"] == 20.0
+  tasks = ["gym-chain_sum", "gym-letter_counting"]
+  for label, rate, ratios in (("grpo", 0.5, []), ("dmpo-20", 0.25, [0.1, 0.3, float("nan"), 0.2])):
+    d = tmp_path / label / "seed0"
+    d.mkdir(parents=True)
+    stage = lambda sr, fr: ({"overall": {"SR@3": sr, "QR@3": sr / 2}}, {t: {"full_rate": fr, "score_mean": fr}
+                                                                      for t in tasks})
+    res = {"transfer": {"tasks": tasks}}
+    for name, sr in (("zero_shot", 0.0), ("before", 0.4), ("after", 0.6)):
+      res[name], res["transfer"][name] = stage(sr, rate)
+    (d / "results.json").write_text(json.dumps(res))
+    rows = [{"stage": "sft", "step": 1}] + [{"stage": "rl", "step": 2 + i, "grad_ratio": r}
+                                            for i, r in enumerate(ratios)] + [{"stage": "rl", "step": 9}]
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+  (tmp_path / "dph_f" / "seed0").mkdir(parents=True)  # not finished
+  assert demo_table.main([str(tmp_path)]) == 0
+  out = capsys.readouterr().out
+  assert "dph_f/seed0: not finished" in out and "| dph_f" not in out
+  lines = [l for l in out.splitlines() if l.startswith("| ")]
+  assert "gym-letter_counting full rate / mean score" in lines[0]
+  dm_after = next(l for l in lines if l.startswith("|  | after") and "0.250 / 0.250" in l)
+  assert "0.200 (0.100-0.300, n=3)" in dm_after  # the NaN row left out of the median
+  grpo_rows = [l for l in lines if "0.500 / 0.500" in l]
+  assert len(grpo_rows) == 3 and "not logged" in grpo_rows[-1] and "| 0.600 | 0.300 |" in grpo_rows[-1]
+  assert demo_table.main([str(tmp_path / "nowhere")]) == 2
