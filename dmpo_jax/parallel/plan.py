@@ -14,8 +14,8 @@ config the same way before it builds anything (training/memory.py): an RL
 update's `extra_rows` (DPH-RL's stored responses) and a `reference` policy
 (a second copy of the params) are part of the workload.
 
-The update's forward is the trainer's (`--prefix_shared`, as config.rl.prefix_shared; the rule
-of training/steps.py `forward_path`, `with_update_forward`): by default, for text prompts in
+The update's forward is the trainer's (`--prefix_shared`, as config.rl.prefix_shared; the one
+rule of models/prefix.py, `with_update_forward`): by default, for text prompts in
 groups of two or more, each group's prompt runs once (`Workload.prefix_shared`), so its
 activations hold P prompt tokens per group and T completion tokens per row instead of P + T
 per row; image prompts, groups of one, DPH's stored rows and `--prefix_shared=off` run per
@@ -53,7 +53,7 @@ import numpy as np
 
 from dmpo_jax.parallel import sharding
 from dmpo_jax.models import attention
-from dmpo_jax.models import precision
+from dmpo_jax.models import precision, prefix
 from dmpo_jax.models.config import ATTENTION, LORA_TARGETS, LoRAConfig, ModelConfig, as_dtype
 from dmpo_jax.models.vision import VisionConfig
 
@@ -450,26 +450,18 @@ def arg_parser():
   return ap
 
 
-PREFIX_SHARED = ("auto", "on", "off")  # config.rl.prefix_shared's values
+PREFIX_SHARED = tuple(prefix.PREFIX_SHARED)  # config.rl.prefix_shared's values
 
 
 def with_update_forward(work: Workload, setting: str, images: bool,
                         field: str = "config.rl.prefix_shared") -> Workload:
   """work with `prefix_shared` as the trainer decides it for config.rl.prefix_shared = setting
-  on the update's batch [prompts, G, P+T]; images: the policy is a vision-language model. The
-  rule of training/steps.py `forward_path`, restated because this layer may not import the
-  training layer (the config check calls that function itself, training/memory.py
-  `update_forward`; tests/parallel/test_plan.py checks that the two agree): "off" per row;
-  "auto" shared unless the prompts carry images, a completion has fewer than 2 tokens or the
-  groups are of one; "on" shared, or a ValueError naming `field` where it cannot apply."""
-  if setting not in PREFIX_SHARED:
-    raise ValueError(f"{field}={setting!r}: choose one of {list(PREFIX_SHARED)}")
-  why = ("image prompts: a vision-language policy's update runs per row" if images else
-         f"a completion of {work.new_tokens} token(s)" if work.new_tokens < 2 else
-         "groups of one (nothing to share)" if work.group < 2 and setting == "auto" else None)
-  if setting == "on" and why is not None:
-    raise ValueError(f"{field}={setting!r}: the prefix-shared forward does not apply: {why}")
-  return dataclasses.replace(work, prefix_shared=setting != "off" and why is None)
+  on the update's batch [prompts, G, P+T] (models/prefix.py `update_forward`, the trainer's and
+  the config check's rule); images: the policy is a vision-language model. A ValueError naming
+  `field` where the setting is unknown or "on" cannot apply."""
+  path = prefix.update_forward(setting, work.prompts, work.group, work.prompt_len, work.new_tokens,
+                               images, field)
+  return dataclasses.replace(work, prefix_shared=path[0] == "prefix_shared")
 
 
 def planned_dtype(dtype: str, backend: str) -> str:

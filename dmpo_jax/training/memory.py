@@ -10,7 +10,7 @@ The stages sized (each a `plan.Workload` of the policy; `phases`):
   the RL update         rl.prompts_per_step x rl.group_size rows (+ dph.batch for dph_*
                         presets), in rl.micro_batches slices; where the update runs the
                         prefix-shared forward (rl.prefix_shared, decided as the trainer
-                        decides it: `update_forward`), each group's prompt counted once
+                        decides it: models/prefix.py `update_forward`), each group's prompt counted once
   the RL sampler        rl.prompts_per_step / rl.rollout_chunks x rl.group_size rows
   the evaluation        eval.batch_prompts x eval.samples rows (or eval.points_samples' most)
   the DPH pre-sampler   eval.batch_prompts x dph.samples rows (dph_* presets)
@@ -37,8 +37,8 @@ import dataclasses
 import os
 
 import jax
-import jax.numpy as jnp
 
+from dmpo_jax.models import prefix
 from dmpo_jax.models.config import ModelConfig
 from dmpo_jax.objectives import presets
 from dmpo_jax.parallel import plan
@@ -76,26 +76,6 @@ def model_config(cfg):
   return dataclasses.replace(mc, text=mc.text.replace(lora=lora)) if vl else mc.replace(lora=lora)
 
 
-def update_forward(setting: str, prompts: int, group: int, prompt_len: int, new_tokens: int,
-                   images: bool = False, field: str = "config.rl.prefix_shared") -> tuple:
-  """The forward the RL update runs under config.rl.prefix_shared = setting ("auto", "on" or
-  "off"): ("prefix_shared", why, G) or ("per_row", why, 1), decided by `steps.forward_path`
-  (the function the update and its log line decide by) on the shape of the update's batch,
-  seqs [prompts, G, P+T], with image inputs for a vision-language policy (images). DPH's
-  stored rows, flat, run per row beside it. A ValueError naming the field where "on" cannot
-  apply (field: the name the messages give the setting)."""
-  if setting not in steps.PREFIX_SHARED:
-    raise ValueError(f"{field}={setting!r}: choose one of {list(steps.PREFIX_SHARED)}")
-  lead = (prompts, group)
-  seqs = {"tokens": jax.ShapeDtypeStruct(lead + (prompt_len + new_tokens,), jnp.int32),
-          "prompt_mask": jax.ShapeDtypeStruct(lead + (prompt_len,), jnp.int32),
-          "images": {} if images else None}
-  try:
-    return steps.forward_path(steps.PREFIX_SHARED[setting], seqs, prompt_len)
-  except ValueError as e:
-    raise ValueError(f"{field}={setting!r}: {e}") from None
-
-
 def phases(cfg, obj: presets.ObjectiveConfig, micro_batches: int, backend: str,
            samples: int, *, vl: bool) -> list[Phase]:
   """The stages of a run of `cfg` that hold the most memory (see the module docstring);
@@ -116,8 +96,8 @@ def phases(cfg, obj: presets.ObjectiveConfig, micro_batches: int, backend: str,
                                    **dict(base, reference=False)), "update_peak_bytes"))
   if rl.steps:
     extra = dph * cfg.dph.batch
-    path = update_forward(rl.prefix_shared, rl.prompts_per_step, rl.group_size, m.max_prompt_len,
-                          m.max_new_tokens, images=vl)
+    path = prefix.update_forward(rl.prefix_shared, rl.prompts_per_step, rl.group_size,
+                                 m.max_prompt_len, m.max_new_tokens, images=vl)
     out.append(Phase("the RL update", f"config.rl.prompts_per_step={rl.prompts_per_step} x "
                      f"rl.group_size={rl.group_size}" + (f" + dph.batch={extra}" if extra else "")
                      + f" {seq}, rl.micro_batches={rl.micro_batches}"

@@ -22,13 +22,12 @@ from flax import nnx
 
 from dmpo_jax.models import lora as lora_lib
 from dmpo_jax.models import positions, qwen2_5_vl
+from dmpo_jax.models.prefix import PREFIX_SHARED, forward_path  # noqa: F401 (re-exported)
 from dmpo_jax.models.transformer import dense
 from dmpo_jax.objectives import common, flowrl, presets
 from dmpo_jax.parallel import distributed as dist
 from dmpo_jax.training.state import TrainState
 
-# config.rl.prefix_shared's settings -> `make_logprob_fn`'s prefix_shared
-PREFIX_SHARED = {"auto": None, "on": True, "off": False}
 TRACES: collections.Counter = collections.Counter()  # compilations per step function
 # Traces of `make_logprob_fn`s by `forward_path`: (forward, reason, G), forward "prefix_shared"
 # or "per_row".
@@ -219,38 +218,6 @@ def make_logprob_fn(graphdef, prompt_len: int, *, temperature: float = 1.0,
 
   fn.paths = paths
   return fn
-
-
-def forward_path(prefix_shared, seqs, prompt_len: int, group_size=None) -> tuple:
-  """("prefix_shared", why, G) or ("per_row", why, 1): the forward that
-  `make_logprob_fn(prefix_shared=...)` runs on seqs (arrays or shapes, [..., P+T]) with this
-  group_size, decided from the shapes alone (so a caller can say which ran without tracing);
-  a ValueError where prefix_shared=True does not apply."""
-  lead, t = seqs["tokens"].shape[:-1], seqs["tokens"].shape[-1] - prompt_len
-  if prefix_shared not in (None, True, False):
-    raise ValueError(f"prefix_shared must be None, True or False, got {prefix_shared!r}")
-  if prefix_shared is False:
-    return ("per_row", "prefix_shared=False", 1)
-  if seqs.get("images") is not None:
-    why = "image prompts (Qwen2.5-VL): the tower's features enter the prompt per row"
-  elif len(lead) > 1 and group_size not in (None, lead[-1]):
-    why = f"group_size={group_size} is not the seqs' group axis ({lead[-1]})"
-  elif len(lead) < 2 and group_size is None:
-    why = "flat seqs [B, P+T] and no group_size"
-  elif t < 2:
-    why = f"a completion of {t} token(s)"
-  else:
-    g = lead[-1] if len(lead) > 1 else group_size
-    rows = int(np.prod(lead))
-    if g < 1 or rows % g:
-      why = f"{rows} rows are not groups of {g}"
-    elif g == 1 and prefix_shared is None:
-      why = "groups of one (nothing to share)"
-    else:
-      return ("prefix_shared", f"{rows // g} prompts x {g}", g)
-  if prefix_shared:
-    raise ValueError(f"prefix_shared=True does not apply: {why}")
-  return ("per_row", why, 1)
 
 
 def layout_errors(prefix_shared, seqs, prompt_len: int, group_size=None):

@@ -113,17 +113,21 @@ def test_prefix_shared_update_counts_each_prompt_once(backend, remat, mesh, micr
 
 
 def test_the_planner_clis_prefix_shared_rule_is_the_trainers():
-  """`plan.with_update_forward` (the CLI's; this layer cannot import training/) decides as
-  training/memory.py `update_forward`, i.e. `steps.forward_path` on the update's batch, on
-  every setting, group size, completion length and prompt kind; "on" is refused alike."""
-  from dmpo_jax.training import memory
+  """`plan.with_update_forward` (the CLI's) decides as the trainer's `steps.forward_path` on
+  the update's batch [prompts, G, P+T], on every setting, group size, completion length and
+  prompt kind; "on" is refused alike."""
+  import jax
+  import jax.numpy as jnp
+  from dmpo_jax.training import steps
   for setting in ("auto", "on", "off"):
     for group in (1, 2, 8):
       for new_tokens in (1, 2, 16):
         for images in (False, True):
           work = plan.Workload(prompts=4, group=group, prompt_len=8, new_tokens=new_tokens)
           try:
-            path = memory.update_forward(setting, 4, group, 8, new_tokens, images)
+            seqs = {"tokens": jax.ShapeDtypeStruct((4, group, 8 + new_tokens), jnp.int32),
+                    "images": {} if images else None}
+            path = steps.forward_path(steps.PREFIX_SHARED[setting], seqs, 8)
           except ValueError:
             with pytest.raises(ValueError, match=f"--prefix_shared='{setting}'"):
               plan.with_update_forward(work, setting, images, "--prefix_shared")
