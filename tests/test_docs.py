@@ -1,5 +1,6 @@
 """The docs match the repository: README's test command is the one .ci/run runs, every
-relative link in README.md and docs/*.md names a file that exists, and every
+relative link in README.md and docs/*.md names a file that exists, no tracked text file links
+outside the repository (papers are cited by title and arXiv id), and every
 `python -m dmpo_jax...` module in README's code answers --help."""
 
 import os
@@ -36,6 +37,21 @@ def test_relative_links_exist(path):
   missing = [t for t in LINK.findall(read(path))
              if "://" not in t and not t.startswith("mailto:") and not os.path.exists(os.path.join(base, t))]
   assert not missing, f"{path} links to missing files: {missing}"
+
+
+URL = re.compile(r"\b(?:https?|ftp)://", re.I)
+
+
+def test_no_link_outside_the_repository():
+  """Every tracked Markdown, Python, config and text file: no URL (the repository stands alone)."""
+  files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True)
+  found = []
+  for path in files.stdout.split():
+    if not path.endswith((".md", ".py", ".txt", ".toml", ".cfg", ".yaml", ".yml", ".json")):
+      continue
+    with open(os.path.join(REPO, path), encoding="utf-8", errors="replace") as f:
+      found += [f"{path}:{n}" for n, line in enumerate(f, 1) if URL.search(line)]
+  assert not found, f"links outside the repository: {found}"
 
 
 @pytest.mark.slow
