@@ -98,9 +98,12 @@ SHARE_SAFE = ("rl.algo", "rl.objective.", "rl.steps", "rl.prompts_per_step", "rl
               "rl.prefix_shared", "dph.",
               "stop_at_step", "check_memory", "log.", "checkpoint.")
 SFT_DIR = "_sft"
-# Evaluations of the SFT policy that every run of a seed shares: before RL, and the first
-# evaluation point along RL (training/points.py; redone where a run's temperature differs).
-SHARED_EVALS = ("eval_before.json", "points/rl0.json")
+# Evaluations that every run of a seed shares: of the initial policy (config.eval.zero_shot,
+# made by the SFT stage; without them a run's results.json would lack "zero_shot"), of the SFT
+# policy before RL (NP-Bench and the transfer tasks), and the first evaluation point along RL
+# (training/points.py; redone where a run's temperature differs).
+SHARED_EVALS = ("eval_zero_shot.json", "eval_transfer_zero_shot.json", "eval_before.json",
+                "eval_transfer_before.json", "points/rl0.json")
 CACHE_DIR = "_jax_cache"
 SUPERSEDED = "superseded"  # in a run folder: what a rewind moved aside (`rewind`)
 

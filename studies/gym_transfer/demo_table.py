@@ -22,12 +22,23 @@ STAGES = ("zero_shot", "before", "after")
 
 
 def read_run(folder: str) -> dict | None:
-  """The numbers of one finished run, or None (no results.json: not finished)."""
+  """The numbers of one finished run, or None (no results.json: not finished). A sweep run
+  made before the runner shared the zero-shot evaluations (dmpo_jax/experiments/sweep.py
+  SHARED_EVALS) lacks "zero_shot": it is read from the seed's SFT stage, `<out>/_sft/seed<N>/`,
+  which made it."""
   path = os.path.join(folder, "results.json")
   if not os.path.exists(path):
     return None
   with open(path) as f:
     res = json.load(f)
+  sft = os.path.join(os.path.dirname(os.path.dirname(folder)), "_sft", os.path.basename(folder))
+  if "zero_shot" not in res and os.path.exists(os.path.join(sft, "eval_zero_shot.json")):
+    with open(os.path.join(sft, "eval_zero_shot.json")) as f:
+      res["zero_shot"] = {"overall": json.load(f)["overall"]}
+  t = res.get("transfer") or {}
+  if t and not t.get("zero_shot") and os.path.exists(os.path.join(sft, "eval_transfer_zero_shot.json")):
+    with open(os.path.join(sft, "eval_transfer_zero_shot.json")) as f:
+      t["zero_shot"] = json.load(f)["transfer"]
   ratios = []
   with open(os.path.join(folder, "metrics.jsonl")) as f:
     for line in f:

@@ -526,6 +526,13 @@ def test_demo_table_reads_finished_runs_and_names_the_rest(tmp_path, capsys):
                                             for i, r in enumerate(ratios)] + [{"stage": "rl", "step": 9}]
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
   (tmp_path / "dph_f" / "seed0").mkdir(parents=True)  # not finished
+  res = json.loads((tmp_path / "grpo" / "seed0" / "results.json").read_text())
+  del res["zero_shot"], res["transfer"]["zero_shot"]  # made by the seed's SFT stage, kept there
+  (tmp_path / "grpo" / "seed0" / "results.json").write_text(json.dumps(res))
+  (tmp_path / "_sft" / "seed0").mkdir(parents=True)
+  (tmp_path / "_sft" / "seed0" / "eval_zero_shot.json").write_text(json.dumps({"overall": {"SR@3": 0.05}}))
+  (tmp_path / "_sft" / "seed0" / "eval_transfer_zero_shot.json").write_text(
+      json.dumps({"transfer": {t: {"full_rate": 0.125, "score_mean": 0.125} for t in tasks}}))
   assert demo_table.main([str(tmp_path)]) == 0
   out = capsys.readouterr().out
   assert "dph_f/seed0: not finished" in out and "| dph_f" not in out
@@ -533,6 +540,7 @@ def test_demo_table_reads_finished_runs_and_names_the_rest(tmp_path, capsys):
   assert "gym-letter_counting full rate / mean score" in lines[0]
   dm_after = next(l for l in lines if l.startswith("|  | after") and "0.250 / 0.250" in l)
   assert "0.200 (0.100-0.300, n=3)" in dm_after  # the NaN row left out of the median
+  assert any(l.startswith("| grpo | zero_shot | 0.050 |") and "0.125 / 0.125" in l for l in lines)
   grpo_rows = [l for l in lines if "0.500 / 0.500" in l]
-  assert len(grpo_rows) == 3 and "not logged" in grpo_rows[-1] and "| 0.600 | 0.300 |" in grpo_rows[-1]
+  assert len(grpo_rows) == 2 and "not logged" in grpo_rows[-1] and "| 0.600 | 0.300 |" in grpo_rows[-1]
   assert demo_table.main([str(tmp_path / "nowhere")]) == 2

@@ -115,6 +115,7 @@ class FakeTrainer:
 
   def __init__(self, fail=(), signal_at=()):
     self.calls, self.fail, self.signal_at = [], set(fail), set(signal_at)
+    self.had_transfer = []  # per run: whether eval_transfer_before.json was already there
 
   def __call__(self, cfg, wd):
     had_before = os.path.exists(os.path.join(wd, "eval_before.json"))
@@ -124,8 +125,11 @@ class FakeTrainer:
       os.makedirs(os.path.join(wd, "checkpoints", str(cfg.sft.steps)))
       with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
         f.write(json.dumps({"step": cfg.sft.steps, "stage": "sft", "loss": float(cfg.seed)}) + "\n")
+      report.write_json({"overall": {"SR_mean": 0.0}}, os.path.join(wd, "eval_zero_shot.json"))
       return {"stopped": True, "step": cfg.sft.steps}
+    self.had_transfer.append(os.path.exists(os.path.join(wd, "eval_transfer_before.json")))
     report.write_json({"overall": {"SR_mean": 0.1}}, os.path.join(wd, "eval_before.json"))
+    report.write_json({"transfer": {}}, os.path.join(wd, "eval_transfer_before.json"))
     if cfg.rl.algo in self.fail:
       self.fail.discard(cfg.rl.algo)  # fails once
       raise RuntimeError("boom")
@@ -150,8 +154,10 @@ def test_runner_shares_skips_records_failures_and_stops_on_signal(tmp_path, monk
   had = dict(c for c in fake.calls if not c[0].startswith("_sft"))
   assert had == {"grpo/seed0": False, "grpo/seed1": False, "gpg/seed0": True, "gpg/seed1": True,
                  "dmpo/seed0": True, "dmpo/seed1": True}
+  assert fake.had_transfer == [False, False, True, True, True, True]  # the transfer eval before RL too
   for l, s in (("grpo", 1), ("dmpo", 1)):  # each run folder starts as a copy of the seed's SFT
     assert os.path.isdir(os.path.join(out, l, f"seed{s}", "checkpoints", str(base().sft.steps)))
+    assert os.path.exists(os.path.join(out, l, f"seed{s}", "eval_zero_shot.json"))  # made in SFT
     assert rows(os.path.join(out, l, f"seed{s}")) == rows(os.path.join(out, "_sft", f"seed{s}"))
 
   # rerun: only the failed run runs again (and succeeds); nothing else is redone
