@@ -49,7 +49,11 @@ gradient checkpointing and, with --trl_no_checkpointing, also without it
 (--skip_trl_checkpointing leaves the first out); ours never recomputes (model.remat off). A
 watchdog stops a variant whose resident memory passes --max_rss_gib (the 2-core test machine
 has 23 GiB shared with other work) and the run reports it. Also printed: our update's FLOP/s
-against the matmul rate in its precision measured in the same process. The summary is a table
+against the matmul rate in its precision measured in the same process, and which forward the
+update ran (`prefix_shared`, the default where it applies, or `per_row`). The FLOPs are
+counted as the per-row forward's (train_step.update_flops), so with the prefix-shared forward,
+which runs each group's prompt once, the figure is the per-row-equivalent rate, above the
+rate of the FLOPs it did. The summary is a table
 of every variant (side, precision, checkpointing, best step, rollout + reward, update, peak
 RSS) and the speed-ups: TRL's best step over ours' best (any precision, any variant), and per
 precision TRL's best over ours in that precision. Last line: one JSON object with all of it.
@@ -201,6 +205,7 @@ def run_ours(args) -> dict:
           "first_step_s": times[0]["step_s"], "update_gflops": flops / best["update_s"] / 1e9,
           "matmul_gflops": rate / 1e9, "update_fraction_of_matmul_rate": flops / best["update_s"] / rate,
           "checkpointing": bool(model.cfg.remat), "prompt_tokens": [min(lengths), max(lengths)],
+          "update_forward": sorted({path[0] for path in steps.PATHS}),
           "peak_rss_gib": peak_rss_gib()}
 
 
@@ -478,7 +483,7 @@ def main(argv=None):
   for r in ours:
     print(f"ours {r['precision']}: update {r['update_gflops']:.0f} GFLOP/s = "
           f"{100 * r['update_fraction_of_matmul_rate']:.0f}% of the {r['precision']} matmul rate "
-          f"({r['matmul_gflops']:.0f} GFLOP/s)")
+          f"({r['matmul_gflops']:.0f} GFLOP/s); forward {', '.join(r['update_forward'])}")
   for line in table(results):
     print(line)
   print(json.dumps({"shape": {k: getattr(args, k) for k in (
