@@ -34,6 +34,10 @@ a run whose policy at RL step 0 is outside them stops before RL (its stopped.jso
 measured values), and so does the sweep: every label of a seed starts from that policy. The
 report marks the run "out_of_bounds"; it is never analysed. The exit status is then 1.
 
+Several processes (--processes=N): N workers of the same command share --out, each pinned to
+a core with single-threaded XLA and given whole seeds (dmpo_jax/experiments/workers.py); the
+parent writes sweep.json and the report once.
+
 Merging (--merge_from): another sweep folder's finished runs move in when its
 recorded base config (sweep.json "config": the config after --set) gives each of
 its labels the same run config as ours, up to fields that do not change a result
@@ -59,6 +63,7 @@ import sys
 import time
 import traceback
 
+from dmpo_jax.experiments import workers
 from dmpo_jax.training import config as config_lib
 
 
@@ -615,6 +620,29 @@ def run_sweep(runs: list[Run], out: str, *, train_fn=None, max_runs: int | None 
   return status
 
 
+def run_worker(args, runs: list[Run], train_fn=None) -> int:
+  """One of --processes' workers (--worker=k/n): its share of the runs (workers.shares), its
+  log lines prefixed, its status to <out>/_workers/status<k>.json; no manifest, no report
+  (the parent writes them)."""
+  k, n = workers.parse_worker(args.worker)
+  if (args.cache_dir or "").lower() != "none":
+    enable_compile_cache(args.cache_dir or os.path.join(args.out, CACHE_DIR))
+  from absl import logging
+  logging.set_verbosity(logging.WARNING)
+  mine = workers.shares(runs, n)[k]
+  log = lambda m: print(f"[worker {k}] {m}", flush=True)
+  log(f"{len(mine)} runs: seeds {sorted({r.seed for r in mine})}")
+  try:
+    status = run_sweep(mine, args.out, train_fn=train_fn, max_runs=workers.max_runs_share(args.max_runs, k, n),
+                       progress=False, log=log)
+  except KeyboardInterrupt:  # a signal between two runs (inside one, the trainer saves and stops)
+    status = {key: [] for key in workers.KEYS}
+    status["pending"] = [r.name for r in mine if not is_finished(os.path.join(args.out, r.label, f"seed{r.seed}"))]
+    log("interrupted between runs; rerun the same command to resume")
+  workers.write_status(args.out, k, status)
+  return 1 if status["failed"] or status["out_of_bounds"] else 0
+
+
 # ---------------------------------------------------------------------------
 def merge_and_report(args, design: Design | None) -> int:
   """--merge_from (then the report) and --report_only; design None: no study's (a folder
@@ -639,9 +667,12 @@ def merge_and_report(args, design: Design | None) -> int:
   return 0
 
 
-def main(argv=None, design: Design | None = None, prog: str = "python -m dmpo_jax.experiments.sweep"):
+def main(argv=None, design: Design | None = None, prog: str = "python -m dmpo_jax.experiments.sweep",
+         train_fn=None):
   """The command line. design: a study's (its entry point passes it); None: the config as it
-  is, one label (AS_IS), no pre-registered analysis."""
+  is, one label (AS_IS), no pre-registered analysis. prog: how the entry point is run
+  (`--processes` starts its workers as `python -m <module>`). train_fn: stands in for
+  stages.train (tests)."""
   import argparse
   study = design is not None
   design = design or as_is()
@@ -667,7 +698,12 @@ def main(argv=None, design: Design | None = None, prog: str = "python -m dmpo_ja
   ap.add_argument("--report_only", action="store_true", help="only (re)write the report")
   ap.add_argument("--merge_from", default=None, metavar="DIR", help="move the finished runs of "
                   "another sweep folder (other seeds, run in parallel) into --out, then report")
+  ap.add_argument("--processes", type=int, default=1, help="worker processes side by side, each "
+                  "pinned to a core with single-threaded XLA, sharing --out (whole seeds each; "
+                  "dmpo_jax/experiments/workers.py)")
   ap.add_argument("--no_progress", action="store_true")
+  ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # k/n: one of --processes' workers
+  argv = list(sys.argv[1:] if argv is None else argv)
   args = ap.parse_args(argv)
   from dmpo_jax.experiments import report as sweep_report
 
@@ -688,8 +724,19 @@ def main(argv=None, design: Design | None = None, prog: str = "python -m dmpo_ja
   if not runs:
     print("error: nothing to run (every label was skipped)", file=sys.stderr)
     return 2
+  if args.processes < 1:
+    print(f"error: --processes={args.processes}: need at least 1", file=sys.stderr)
+    return 2
+  if args.processes > 1 and not args.worker:
+    try:
+      workers.module_of(prog)
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
   os.makedirs(args.out, exist_ok=True)
-  if (args.cache_dir or "").lower() != "none":
+  if args.worker:
+    return run_worker(args, runs, train_fn)
+  if (args.cache_dir or "").lower() != "none" and args.processes == 1:
     enable_compile_cache(args.cache_dir or os.path.join(args.out, CACHE_DIR))
   from absl import logging
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
@@ -699,9 +746,17 @@ def main(argv=None, design: Design | None = None, prog: str = "python -m dmpo_ja
   sessions = (report_lib.read_json(path).get("sessions", []) if os.path.exists(path) else [])
   session = dict(frontier.provenance(), started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  wall_s=None)
+  if args.processes > 1:
+    session["processes"] = args.processes
   write_manifest(args.out, vars(args), runs, sessions + [session], base_config, design=design)
   t0 = time.time()
-  status = run_sweep(runs, args.out, max_runs=args.max_runs, progress=not args.no_progress)
+  if args.processes > 1:
+    status = workers.run_parallel(argv, prog, args.processes, args.out, runs,
+                                  lambda r: is_finished(os.path.join(args.out, r.label, f"seed{r.seed}")),
+                                  progress=not args.no_progress)
+  else:
+    status = run_sweep(runs, args.out, train_fn=train_fn, max_runs=args.max_runs,
+                       progress=not args.no_progress)
   session.update(wall_s=time.time() - t0, runs={k: len(v) for k, v in status.items()})
   write_manifest(args.out, vars(args), runs, sessions + [session], base_config, design=design)
   rep = sweep_report.write_report(args.out, analysis=design.analysis)
