@@ -26,6 +26,7 @@ PROG = "python -m tests.experiments.fake_sweep"
 
 
 def write_point(cfg, wd: str, step: int) -> None:
+  """The evaluation point due at `step` (none when none is due or its file exists)."""
   rl = step - cfg.sft.steps
   path = os.path.join(wd, points.DIR, f"rl{rl}.json")
   if rl in points.point_steps(cfg.rl.steps, cfg.eval.points) and not os.path.exists(path):
@@ -62,10 +63,15 @@ def train(cfg, wd: str) -> dict:
         return {"stopped": True, "step": step}
   if end < total:
     return {"stopped": True, "step": end}
-  report.write_json({"overall": {"SR_mean": 0.2}}, os.path.join(wd, "eval_after.json"))
-  report.write_json({"after": {"overall": {"SR_mean": 0.2}}, "steps": {"sft": sft, "rl": cfg.rl.steps},
-                     "wall_s": 1.0}, os.path.join(wd, "results.json"))
+  write_results(cfg, wd)
   return {}
+
+
+def write_results(cfg, wd: str) -> None:
+  """What a finished run leaves: the evaluation after RL and results.json."""
+  report.write_json({"overall": {"SR_mean": 0.2}}, os.path.join(wd, "eval_after.json"))
+  report.write_json({"after": {"overall": {"SR_mean": 0.2}}, "steps": {"sft": cfg.sft.steps, "rl": cfg.rl.steps},
+                     "wall_s": 1.0}, os.path.join(wd, "results.json"))
 
 
 def main(argv=None) -> int:

@@ -13,6 +13,7 @@ from dmpo_jax.training import report
 from dmpo_jax.experiments import report as sweep_report, stats, sweep
 from dmpo_jax.objectives import presets
 from studies.collapse_frontier import design
+from tests.experiments import fake_sweep
 from tests.helpers import REPO, smoke
 
 CONFIG = os.path.join(REPO, "configs", "collapse.py")
@@ -397,14 +398,7 @@ class PointsTrainer:
   def __init__(self):
     self.calls = []
 
-  def point(self, cfg, wd, step):
-    from dmpo_jax.training import points
-    rl = step - cfg.sft.steps
-    path = os.path.join(wd, points.DIR, f"rl{rl}.json")
-    if rl in points.point_steps(cfg.rl.steps, cfg.eval.points) and not os.path.exists(path):
-      v = {"kl_k1": 0.01 * rl + cfg.seed + (cfg.rl.algo == "dmpo"), "pass_optimal@1": 0.1 * rl}
-      report.write_json({"rl_step": rl, "sets": {"held_out": {"overall_instance": v, "overall": v,
-                                                              "per_task": {}}}}, path)
+  point = staticmethod(fake_sweep.write_point)
 
   def __call__(self, cfg, wd):
     from dmpo_jax.training import config as config_lib
@@ -427,9 +421,7 @@ class PointsTrainer:
         os.makedirs(os.path.join(wd, "checkpoints", str(step)))
     if end < total:
       return {"stopped": True, "step": end}
-    report.write_json({"overall": {"SR_mean": 0.2}}, os.path.join(wd, "eval_after.json"))
-    report.write_json({"after": {"overall": {"SR_mean": 0.2}}, "steps": {"sft": sft, "rl": cfg.rl.steps},
-                       "wall_s": 1.0}, os.path.join(wd, "results.json"))
+    fake_sweep.write_results(cfg, wd)
     return {}
 
 
