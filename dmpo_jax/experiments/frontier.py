@@ -159,18 +159,41 @@ def provenance(repo: str | None = None) -> dict:
   commit = git("rev-parse", "HEAD") or "unknown"
   if git("status", "--porcelain", "--untracked-files=no"):
     commit += "+dirty"
-  return {"commit": commit, "machine": cpu_model(), "cpus": os.cpu_count(), "platform": platform.platform()}
+  return {"commit": commit, "machine": cpu_model(), "cpu_kind": cpu_kind(), "cpus": os.cpu_count(),
+          "platform": platform.platform()}
+
+
+def cpuinfo_field(name: str, path: str = "/proc/cpuinfo") -> str | None:
+  """The first value of a /proc/cpuinfo field ("model name", "cpu family"), or None."""
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      for line in f:
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == name:
+          return value.strip()
+  except OSError:
+    pass
+  return None
 
 
 def cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
+  return cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
+# The flags that change a CPU's numerics or speed class here: two machines named "AMD EPYC"
+# can be an AVX2 and an AVX-512 part, 3x apart in matmul rate (docs/PERFORMANCE.md).
+KIND_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_kind(path: str = "/proc/cpuinfo") -> str:
+  """'family F model M: <the KIND_FLAGS it has>' from /proc/cpuinfo ("unknown" without it)."""
+  from dmpo_jax.models import precision
+  flags = precision.read_cpu_flags(path)
+  family, model = cpuinfo_field("cpu family", path), cpuinfo_field("model", path)
+  if flags is None and family is None:
+    return "unknown"
+  have = [f for f in KIND_FLAGS if f in (flags or ())]
+  return f"family {family} model {model}: {' '.join(have) or 'none of ' + ' '.join(KIND_FLAGS)}"
 
 
 def per_seed_rows(runs: dict, points: dict, metrics=POINT_METRICS) -> list[dict]:
@@ -442,7 +465,8 @@ def contrast_table(rows: list[dict]) -> list[str]:
 def markdown(result: dict, manifest: dict, analysis: Analysis = NO_ANALYSIS) -> str:
   lines = ["# Matched comparisons (dmpo_jax.experiments.frontier)", ""]
   for s in manifest.get("sessions", []):
-    lines.append(f"- run on commit `{s.get('commit')}`, machine {s.get('machine')} ({s.get('cpus')} CPUs), "
+    kind = f", {s['cpu_kind']}" if s.get("cpu_kind") else ""
+    lines.append(f"- run on commit `{s.get('commit')}`, machine {s.get('machine')}{kind} ({s.get('cpus')} CPUs), "
                  f"started {s.get('started')}, wall {_f(s.get('wall_s'), 0)} s")
   registered = bool(analysis.primary or analysis.exploratory)
   if registered:

@@ -341,7 +341,8 @@ def markdown(out: str, manifest: dict, runs: dict, summ: dict, baseline: str) ->
                for l, v in runs.items() for s, r in v.items() if r["status"] != "finished"]
     lines += ["**Partial sweep.** Not finished: " + ", ".join(missing) + ".", ""]
   for sess in manifest.get("sessions", []):
-    lines.append(f"Run on commit `{sess.get('commit')}`, machine {sess.get('machine')}, started "
+    kind = f" ({sess['cpu_kind']})" if sess.get("cpu_kind") else ""
+    lines.append(f"Run on commit `{sess.get('commit')}`, machine {sess.get('machine')}{kind}, started "
                  f"{sess.get('started')}, sweep wall time "
                  + (f"{sess['wall_s']:.0f} s" if sess.get("wall_s") is not None else "unfinished") + ".")
   splits = sorted({r["split"] for v in runs.values() for r in v.values() if r["status"] == "finished"})

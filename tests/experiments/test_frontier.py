@@ -370,3 +370,19 @@ def test_points_samples_per_set():
   cfg.eval.points_samples = "A:8,pool:8"  # the splits regime has no pool
   with pytest.raises(ValueError, match="points_samples"):
     specs.check_points(cfg)
+
+
+def test_cpu_kind_tells_apart_two_cpus_of_one_name(tmp_path):
+  """Two machines named "AMD EPYC" (one AVX2, one AVX-512 with avx512_bf16) get different kinds,
+  so a sweep's sessions say which one ran a chunk."""
+  def cpuinfo(name, family, model, flags):
+    p = tmp_path / name
+    p.write_text(f"processor\t: 0\ncpu family\t: {family}\nmodel\t\t: {model}\nmodel name\t: AMD EPYC\n"
+                 f"flags\t\t: fpu sse2 {flags}\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    return str(p)
+  zen3 = frontier.cpu_kind(cpuinfo("zen3", 25, 1, "avx2 fma bmi2"))
+  zen4 = frontier.cpu_kind(cpuinfo("zen4", 25, 17, "avx2 fma avx512f avx512_bf16"))
+  assert zen3 == "family 25 model 1: avx2 fma"
+  assert zen4 == "family 25 model 17: avx2 fma avx512f avx512_bf16"
+  assert frontier.cpu_kind(str(tmp_path / "absent")) == "unknown"
+  assert frontier.cpuinfo_field("model name", cpuinfo("x", 6, 143, "amx_bf16")) == "AMD EPYC"
