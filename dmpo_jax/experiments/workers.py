@@ -18,8 +18,8 @@ command to resume: finished runs are skipped, interrupted ones resume from their
 What a worker computes: tests/experiments/test_workers.py checks the orchestration (with a
 stand-in trainer, every metrics row, point and result equals a one-process sweep's, after a
 signal and a resume). With the real trainer (configs/collapse.py smoke, 2 seeds, 2026-12-06):
-a worker's run is bit-identical to one process's pinned to one core (`taskset -c 1`, any XLA
-threading); against an unpinned process (2 cores) every evaluation point and evaluation was
+a worker's run is bit-identical to one process's pinned to one core (`taskset -c 1`, with the
+same single-threaded flag; the flag alone, unpinned, changed nothing); against an unpinned process (2 cores) every evaluation point and evaluation was
 bit-identical, and some update diagnostics (grad_norm, entropy, dm_*) differed by float
 rounding, at most 6e-6 relative (the thread pool's reduction order; pg_approx_kl_old, about
 1e-8, differed in its leading digits)."""
