@@ -86,6 +86,7 @@ def get_config(arg: str | None = None):
       zero_shot=False,      # also evaluate the initial policy, before SFT (eval_zero_shot.json)
       points=0,             # evaluation points along RL (training/points.py; configs/collapse.py)
       points_samples="",    # their samples per instance: "N" or "SET:N,..."; "": eval.samples
+      points_kl_samples=0,  # the KL to the start on the first N samples per instance; 0: all
       # bounds the start (the point at RL step 0) must meet, else the run stops before RL:
       # "B:pass_optimal@64<=0.95,AB:pass_optimal@1<=0.8"; "": none (docs/TRAINING.md)
       start_bounds="",

@@ -195,7 +195,7 @@ SCHEMA: dict[str, Spec] = {
     "collapse.sft_from": Choice(("A", "stream"), optional=True),
     "collapse.rl_from": Choice(("AB", "stream"), optional=True),
     # evaluation points along RL (training/points.py; configs/collapse.py)
-    "eval.points": Int(0), "eval.points_samples": Str(),
+    "eval.points": Int(0), "eval.points_samples": Str(), "eval.points_kl_samples": Int(0),
     # the start's pre-registered bounds at RL step 0, "B:pass_optimal@64<=0.95,...": a start
     # outside them stops the run before RL (points.parse_bounds; checked by specs.check_points)
     "eval.start_bounds": Str(),
@@ -472,7 +472,7 @@ def config_json(cfg) -> dict:
 ADDED_FIELDS = {"sft.gym_tasks": "", "eval.zero_shot": False, "eval.points": 0, "eval.points_samples": "",
                 "eval.transfer": "", "eval.transfer_num_per_task": 6, "eval.transfer_samples": 4,
                 "eval.transfer_max_prompt_len": 0, "eval.transfer_max_new_tokens": 0,
-                "eval.start_bounds": "",
+                "eval.start_bounds": "", "eval.points_kl_samples": 0,
                 "rl.prefix_shared": "off"}  # runs before the field ran every forward per row
 
 

@@ -19,6 +19,10 @@ summed over the completion's tokens):
   note "Approximating KL Divergence", 2020).
 
 k1 is the one reported; both are averaged per instance, then as the metrics are.
+`PointsSpec.kl_samples` (config.eval.points_kl_samples) > 0 estimates the KL on the first
+kl_samples of each instance's samples only (they are as random as any others), and the point
+records it; the other metrics use every sample. The KL's forward (two policies) then costs
+kl_samples / samples of its full cost; the estimate's variance grows by samples / kl_samples.
 
 Both log-probs come from `completion_logprobs`: each prompt's keys and values are computed once
 and shared by its samples (as the sampler decodes them), so a point does not run the P prompt
@@ -289,6 +293,7 @@ class PointsSpec:
   batch_prompts: int = 8  # instances per sampler call
   num_per_task: int = 1   # held-out instances per task (without splits or a pool)
   start_bounds: str = ""  # the start's bounds at RL step 0 (`parse_bounds`; "": none)
+  kl_samples: int = 0     # KL to the start on the first kl_samples of each instance's samples (0: all)
 
 
 def check(n, samples, names) -> None:
@@ -298,6 +303,22 @@ def check(n, samples, names) -> None:
     raise ValueError(f"config.eval.points={n!r}: the number of evaluation points along RL (>= 0)")
   if n:
     parse_samples(samples, names)
+
+
+def check_kl_samples(value) -> None:
+  """config.eval.points_kl_samples: an int >= 0 (0: the KL over every sample)."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    raise ValueError(f"config.eval.points_kl_samples={value!r}: the samples per instance whose KL "
+                     "to the start is computed (the first ones), an int >= 0; 0: all")
+
+
+def kl_rows(tokens, mask, prompts: int, g: int, s: int):
+  """The first s of each prompt's g sample rows of tokens / mask [prompts * g, T] (the
+  sampler's layout, a prompt's samples adjacent), as [prompts * s, T]; all when s is 0 or >= g."""
+  if not s or s >= g:
+    return tokens, mask
+  pick = lambda x: x.reshape(prompts, g, *x.shape[1:])[:, :s].reshape(prompts * s, *x.shape[1:])
+  return pick(tokens), pick(mask)
 
 
 def start_bounds(spec: PointsSpec, names, collapse: bool) -> tuple[Bound, ...]:
@@ -367,7 +388,8 @@ class Points:
     if not os.path.exists(p):
       return False
     old = report.read_json(p)
-    return old.get("temperature") == self.spec.temperature and old.get("samples") == self.samples
+    return (old.get("temperature") == self.spec.temperature and old.get("samples") == self.samples
+            and old.get("kl_samples", 0) == self.spec.kl_samples)
 
   def read(self, rl_step: int) -> dict:
     """The point's file (points/rl<step>.json)."""
@@ -384,6 +406,8 @@ class Points:
       self._logprob = self.make_kl_logprobs()
     out = {"rl_step": rl_step, "step": state.step, "temperature": self.spec.temperature,
            "samples": self.samples, "kl_estimator": "k1 (mean sequence log-ratio); k3 beside", "sets": {}}
+    if self.spec.kl_samples:  # absent: every sample (the files of runs before the field)
+      out["kl_samples"] = self.spec.kl_samples
     for i, (name, items) in enumerate(self.sets.items()):
       g = self.samples[name]
       if g:
@@ -411,10 +435,13 @@ class Points:
     start = lora.reference_params(self.start, state.params)  # LoRA: the base, adapters off
     pending = []  # device arrays of each chunk, read once every chunk is dispatched
 
+    s = min(spec.kl_samples or g, g)  # the KL's samples per instance: the first s of its g
+
     def sample_fn(pt, pm, key):
       tokens, mask, _ = sampler(state.params, pt, pm, key)
+      kt, km = kl_rows(tokens, mask, pt.shape[0], g, s)
       pending.append(kl_logprobs(state.params, start, dist.to_global(pt, self.rep),
-                                 dist.to_global(pm, self.rep), tokens) + (mask,))
+                                 dist.to_global(pm, self.rep), kt) + (km,))
       return tokens, mask
 
     res = evaluation.evaluate(
@@ -423,7 +450,7 @@ class Points:
                                   reward_cfg=self.reward_cfg, k=min(spec.k, g),
                                   pass_ks=tuple(spec.pass_ks), collapse=self.collapse))
     terms = [kl_terms(*(dist.to_host(x) for x in chunk)) for chunk in pending]
-    per_sample = {k: np.concatenate([t[k] for t in terms])[:len(items) * g].reshape(len(items), g)
+    per_sample = {k: np.concatenate([t[k] for t in terms])[:len(items) * s].reshape(len(items), s)
                   for k in KL_KEYS}
     counts = {}
     for j, (key, _) in enumerate(items):

@@ -49,7 +49,7 @@ def points_spec(cfg) -> eval_points.PointsSpec:
       n=e.points, rl_steps=cfg.rl.steps, rl_start=cfg.sft.steps,
       samples=e.points_samples or e.samples, temperature=cfg.rl.temperature, top_p=cfg.rl.top_p,
       k=e.k, pass_ks=tuple(e.pass_ks), batch_prompts=e.batch_prompts, num_per_task=e.num_per_task,
-      start_bounds=e.start_bounds)
+      start_bounds=e.start_bounds, kl_samples=e.points_kl_samples)
 
 
 def check_points(cfg) -> None:
@@ -60,6 +60,7 @@ def check_points(cfg) -> None:
   spec = points_spec(cfg)
   names = eval_points.set_names(bool(c.get("splits") or c.get("split_file")), bool(c.get("pool")))
   eval_points.check(spec.n, spec.samples, names)
+  eval_points.check_kl_samples(spec.kl_samples)
   eval_points.start_bounds(spec, names, collapse_spec(cfg) is not None)
 
 

@@ -131,3 +131,74 @@ def test_no_points_with_a_per_set_sample_spec_is_no_error():
   cfg.eval.points = 2
   with pytest.raises(AttributeError):  # with points, the sets are read from the task set
     points.Points(specs.points_spec(cfg), "", None, None)
+
+
+# ---------------------------------------------------------------------------
+# config.eval.points_kl_samples: the KL on the first N samples of each instance.
+def test_kl_rows_take_the_first_samples_of_each_prompt():
+  tokens = np.arange(3 * 4 * 2).reshape(12, 2)  # 3 prompts x 4 samples, row i = [2i, 2i + 1]
+  mask = tokens % 3
+  kt, km = points.kl_rows(tokens, mask, 3, 4, 2)
+  assert kt[:, 0].tolist() == [0, 2, 8, 10, 16, 18]  # rows 0, 1, 4, 5, 8, 9
+  assert np.array_equal(km, mask[[0, 1, 4, 5, 8, 9]])
+  for s in (0, 4, 9):  # 0 or at least g: every row, unchanged
+    kt, km = points.kl_rows(tokens, mask, 3, 4, s)
+    assert kt is tokens and km is mask
+
+
+def test_kl_on_the_first_samples_equals_those_rows_of_the_full_kl():
+  graphdef, state = nnx.split(tiny_model(seed=3, scale=4.0))
+  params = {"model": state}
+  other = {"model": nnx.split(tiny_model(seed=4, scale=4.0))[1]}
+  pt, pm, tokens = layout(bp=3, r=4)
+  mask = (tokens > 0).astype(np.int32)
+  kl = points.make_kl_logprobs(graphdef, 1.0)
+  full = points.kl_terms(*kl(params, other, pt, pm, tokens), mask)["kl_k1"]
+  kt, km = points.kl_rows(tokens, mask, 3, 4, 2)
+  part = points.kl_terms(*kl(params, other, pt, pm, kt), km)["kl_k1"]
+  np.testing.assert_allclose(part, full.reshape(3, 4)[:, :2].reshape(-1), rtol=0, atol=1e-5)
+  assert not np.allclose(part, full.reshape(3, 4)[:, 2:].reshape(-1), atol=1e-5)  # not the others
+
+
+@pytest.mark.parametrize("bad", [-1, True])  # a float is refused by the ConfigDict itself
+def test_points_kl_samples_is_checked_naming_the_field(bad):
+  from dmpo_jax.training import specs
+  from tests.helpers import config_module
+  cfg = config_module("collapse").get_config("smoke")
+  specs.check_points(cfg)  # the default (0) passes
+  with cfg.unlocked():
+    cfg.eval.points_kl_samples = bad
+  with pytest.raises(ValueError, match=r"config\.eval\.points_kl_samples="):
+    specs.check_points(cfg)
+
+
+@pytest.mark.slow
+def test_a_run_with_the_kl_on_fewer_samples_changes_only_its_kl(tmp_path, capsys):
+  """configs/collapse.py:smoke (8 samples per instance at each point) with points_kl_samples=4
+  against the default: the same samples, so every other metric of every point is identical;
+  the point records kl_samples; KL at the start is still exactly 0."""
+  import os
+  from dmpo_jax.training import report
+  from tests.helpers import REPO
+  from tests.training.test_bad_input import train_cli
+  args = lambda wd, *more: [f"--config={os.path.join(REPO, 'configs', 'collapse.py')}:smoke",
+                            "--config.log.tensorboard=False", "--config.log.plots=False",
+                            "--config.log.progress=False", "--config.checkpoint.export_hf=False",
+                            f"--workdir={wd}", *more]
+  for wd, more in ((tmp_path / "all", ()), (tmp_path / "four", ("--config.eval.points_kl_samples=4",))):
+    code, err = train_cli(args(wd, *more), capsys)
+    assert code in (0, None), err
+  names = sorted(os.listdir(tmp_path / "all" / "points"))
+  assert names == ["rl0.json", "rl3.json"]
+  for name in names:
+    a, b = (report.read_json(str(tmp_path / d / "points" / name)) for d in ("all", "four"))
+    assert "kl_samples" not in a and b.pop("kl_samples") == 4
+    for s, sa in a["sets"].items():
+      for view in ("overall", "overall_instance"):
+        ka, kb = (x["sets"][s][view] for x in (a, b))
+        assert {k: v for k, v in ka.items() if not k.startswith("kl_")} == \
+               {k: v for k, v in kb.items() if not k.startswith("kl_")}, (name, s, view)
+        if name == "rl0.json":
+          assert ka["kl_k1"] == kb["kl_k1"] == 0.0
+        else:
+          assert kb["kl_k1"] != ka["kl_k1"]  # 4 of the 8 samples: another estimate
