@@ -667,15 +667,9 @@ def merge_and_report(args, design: Design | None) -> int:
   return 0
 
 
-def main(argv=None, design: Design | None = None, prog: str = "python -m dmpo_jax.experiments.sweep",
-         train_fn=None):
-  """The command line. design: a study's (its entry point passes it); None: the config as it
-  is, one label (AS_IS), no pre-registered analysis. prog: how the entry point is run
-  (`--processes` starts its workers as `python -m <module>`). train_fn: stands in for
-  stages.train (tests)."""
+def argument_parser(design: Design, prog: str, study: bool):
+  """The sweep's flags (design: the labels and tiers --presets offers)."""
   import argparse
-  study = design is not None
-  design = design or as_is()
   ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0] + (
       "" if study else f" Without a study: one label, {AS_IS!r} (the config as it is); a study's entry "
       "point (e.g. python -m studies.collapse_frontier.sweep) has the same flags and its labels."))
@@ -703,6 +697,18 @@ def main(argv=None, design: Design | None = None, prog: str = "python -m dmpo_ja
                   "dmpo_jax/experiments/workers.py)")
   ap.add_argument("--no_progress", action="store_true")
   ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # k/n: one of --processes' workers
+  return ap
+
+
+def main(argv=None, design: Design | None = None, prog: str = "python -m dmpo_jax.experiments.sweep",
+         train_fn=None):
+  """The command line. design: a study's (its entry point passes it); None: the config as it
+  is, one label (AS_IS), no pre-registered analysis. prog: how the entry point is run
+  (`--processes` starts its workers as `python -m <module>`). train_fn: stands in for
+  stages.train (tests)."""
+  study = design is not None
+  design = design or as_is()
+  ap = argument_parser(design, prog, study)
   argv = list(sys.argv[1:] if argv is None else argv)
   args = ap.parse_args(argv)
   from dmpo_jax.experiments import report as sweep_report
