@@ -37,6 +37,7 @@ import subprocess
 import numpy as np
 
 from dmpo_jax.experiments import files, stats
+from dmpo_jax.models import precision
 from dmpo_jax.training import points as points_lib
 
 POINT_METRICS = ("pass_optimal@1", "coverage", "distinct_optimal", "pass_optimal@8", "pass_optimal@64",
@@ -163,21 +164,8 @@ def provenance(repo: str | None = None) -> dict:
           "platform": platform.platform()}
 
 
-def cpuinfo_field(name: str, path: str = "/proc/cpuinfo") -> str | None:
-  """The first value of a /proc/cpuinfo field ("model name", "cpu family"), or None."""
-  try:
-    with open(path, encoding="utf-8", errors="replace") as f:
-      for line in f:
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == name:
-          return value.strip()
-  except OSError:
-    pass
-  return None
-
-
 def cpu_model() -> str:
-  return cpuinfo_field("model name") or platform.processor() or platform.machine()
+  return precision.cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 # The flags that change a CPU's numerics or speed class here: two machines named "AMD EPYC"
@@ -187,9 +175,8 @@ KIND_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
 
 def cpu_kind(path: str = "/proc/cpuinfo") -> str:
   """'family F model M: <the KIND_FLAGS it has>' from /proc/cpuinfo ("unknown" without it)."""
-  from dmpo_jax.models import precision
   flags = precision.read_cpu_flags(path)
-  family, model = cpuinfo_field("cpu family", path), cpuinfo_field("model", path)
+  family, model = precision.cpuinfo_field("cpu family", path), precision.cpuinfo_field("model", path)
   if flags is None and family is None:
     return "unknown"
   have = [f for f in KIND_FLAGS if f in (flags or ())]

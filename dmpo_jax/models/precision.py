@@ -46,18 +46,24 @@ class Precision:
     return dataclasses.asdict(self)
 
 
-def read_cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
-  """The CPU's feature flags (the first "flags" line of /proc/cpuinfo); None when the file or
-  the line is missing (macOS, Windows, an ARM kernel's "Features" line)."""
+def cpuinfo_field(name: str, path: str = "/proc/cpuinfo") -> str | None:
+  """The first value of a /proc/cpuinfo field ("flags", "model name", "cpu family"); None when
+  the file or the field is missing (macOS, Windows, an ARM kernel's "Features" line)."""
   try:
     with open(path, encoding="utf-8", errors="replace") as f:
       for line in f:
         key, sep, value = line.partition(":")
-        if sep and key.strip() == "flags":
-          return frozenset(value.split())
+        if sep and key.strip() == name:
+          return value.strip()
   except OSError:
-    return None
+    pass
   return None
+
+
+def read_cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str] | None:
+  """The CPU's feature flags (the first "flags" line of /proc/cpuinfo), or None."""
+  flags = cpuinfo_field("flags", path)
+  return None if flags is None else frozenset(flags.split())
 
 
 def local_backend(device=None) -> Backend:

@@ -14,6 +14,7 @@ import pytest
 from dmpo_jax.experiments import frontier, report as sweep_report, stats, sweep
 from dmpo_jax.training import points, report, specs
 from dmpo_jax.data import instances, pipeline, splits
+from dmpo_jax.models import precision
 from studies.collapse_frontier import design
 from tests.helpers import REPO, smoke
 
@@ -385,4 +386,4 @@ def test_cpu_kind_tells_apart_two_cpus_of_one_name(tmp_path):
   assert zen3 == "family 25 model 1: avx2 fma"
   assert zen4 == "family 25 model 17: avx2 fma avx512f avx512_bf16"
   assert frontier.cpu_kind(str(tmp_path / "absent")) == "unknown"
-  assert frontier.cpuinfo_field("model name", cpuinfo("x", 6, 143, "amx_bf16")) == "AMD EPYC"
+  assert precision.cpuinfo_field("model name", cpuinfo("x", 6, 143, "amx_bf16")) == "AMD EPYC"
