@@ -401,14 +401,27 @@ def prepare_sft(train_fn, run: Run, out: str, log=print, poll_s: float = 30.0) -
   return d
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+  try:
+    os.link(src, dst)
+  except OSError:  # another file system, or links not allowed
+    shutil.copy2(src, dst)
+
+
 def seed_run_folder(sft_dir: str, workdir: str, sft_steps: int) -> None:
   """A new run folder as a copy of the SFT stage (checkpoint at sft_steps, SFT metrics, and the
-  evaluation before RL once some run of the seed has made it); built aside, then renamed."""
+  evaluation before RL once some run of the seed has made it); built aside, then renamed. A
+  LoRA stage's frozen base (checkpoints/base, written once and never changed) is hard-linked
+  where the file system allows, else copied."""
   tmp = workdir + ".partial"
   shutil.rmtree(tmp, ignore_errors=True)
   os.makedirs(os.path.join(tmp, "checkpoints"))
   shutil.copytree(os.path.join(sft_dir, "checkpoints", str(sft_steps)),
                   os.path.join(tmp, "checkpoints", str(sft_steps)))
+  from dmpo_jax.training import checkpoint  # orbax: imported where a run folder is made
+  base = os.path.join(sft_dir, "checkpoints", checkpoint.BASE)
+  if os.path.isdir(base):
+    shutil.copytree(base, os.path.join(tmp, "checkpoints", checkpoint.BASE), copy_function=_link_or_copy)
   for f in ("metrics.jsonl",) + SHARED_EVALS:
     if os.path.exists(os.path.join(sft_dir, f)):
       os.makedirs(os.path.dirname(os.path.join(tmp, f)), exist_ok=True)

@@ -254,6 +254,27 @@ def rows(workdir, stage=None):
 
 
 @pytest.mark.slow
+def test_a_run_folder_from_a_lora_sft_stage_holds_its_frozen_base(tmp_path):
+  """A LoRA stage's checkpoints hold the adapters only and its frozen base once, in
+  checkpoints/base: a run folder seeded from the stage gets the base too (hard-linked: the
+  same bytes, no second copy), else its resume would find no base."""
+  sft = tmp_path / "_sft" / "seed0"
+  for rel, text in (("checkpoints/5/state", "adapters"), ("checkpoints/base/params/a", "base weights"),
+                    ("checkpoints/base/params/b", "more"), ("metrics.jsonl", "{}\n")):
+    (sft / rel).parent.mkdir(parents=True, exist_ok=True)
+    (sft / rel).write_text(text)
+  wd = tmp_path / "dmpo" / "seed0"
+  sweep.seed_run_folder(str(sft), str(wd), 5)
+  assert (wd / "checkpoints" / "5" / "state").read_text() == "adapters"
+  for rel in ("params/a", "params/b"):
+    linked, source = wd / "checkpoints" / "base" / rel, sft / "checkpoints" / "base" / rel
+    assert linked.read_text() == source.read_text() and os.path.samefile(linked, source)
+  full = tmp_path / "grpo" / "seed0"  # a full fine-tuning stage has no base, and gets none
+  (sft / "checkpoints" / "base").rename(tmp_path / "aside")
+  sweep.seed_run_folder(str(sft), str(full), 5)
+  assert sorted(os.listdir(full / "checkpoints")) == ["5"]
+
+
 def test_sweep_end_to_end_shared_sft_and_resume(tmp_path):
   out, cache = str(tmp_path / "sweep"), str(tmp_path / "cache")
   run = lambda *a: cli(out, "--presets=grpo,dmpo", "--seeds=0,1", *a, cache=cache)
