@@ -145,11 +145,14 @@ def run_parallel(argv: list[str], prog: str, n: int, out: str, runs: list, is_fi
         p.send_signal(signal.SIGINT)
   old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
   bar = tqdm(total=len(runs), desc="sweep", unit="run", dynamic_ncols=True, disable=not progress)
+  unfinished = list(runs) if progress else []  # a finished run stays finished: checked until it is
   try:
     while True:
       alive = [p for p in procs if p.poll() is None]
-      bar.n = sum(map(is_finished, runs))
-      bar.refresh()
+      if unfinished:
+        unfinished = [r for r in unfinished if not is_finished(r)]
+        bar.n = len(runs) - len(unfinished)
+        bar.refresh()
       for k, p in enumerate(procs):  # a start out of bounds stops the sweep: every worker
         st = read_status(out, k) if p.poll() is not None else None
         if st and st.get("out_of_bounds") and not stopping:
