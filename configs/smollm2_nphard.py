@@ -60,7 +60,7 @@ def package_file() -> str | None:
   return None
 
 
-KNOWN = {"algo", "level", "seed", "tasks", "gguf", "smoke", "demo", "lora"}
+KNOWN = {"algo", "level", "seed", "tasks", "gguf", "smoke", "demo", "lora", "collapse", "sft_steps", "rl_steps"}
 # Demonstration tasks: at `tiny` these have two or more optima on 54-72% of instances (subset-sum
 # 36%), docs/COLLAPSE.md; k = 1, 2, 4, ..., 256.
 DEMO_TASKS = "GCP-D,maximum-set,maximum_clique_problem,subset-sum"
@@ -73,6 +73,41 @@ GYM_CHAIN_SUM = "gym-chain_sum:max_terms=2:max_digits=1"
 GYM_SFT = ",".join((GYM_ARITHMETIC, GYM_CHAIN_SUM, "gym-leg_counting:min_animals=1:max_animals=1:"
                     "max_instances=2", "gym-letter_counting:min_words=1:max_words=1"))
 GYM_TRANSFER = ",".join((GYM_CHAIN_SUM, GYM_ARITHMETIC))
+
+
+# The collapse regime on SmolLM2 (`collapse`; docs/COLLAPSE.md, "The real model"): content-disjoint
+# sets per task as in configs/collapse.py (SFT on A, RL on A + B, held-out evaluation on C),
+# few instances and few samples at the evaluation points along RL (they match runs at the
+# same gain), pass@k to k = 256 on C before and after RL only. Its shapes are the pilots'
+# starting point (studies/smollm2_collapse/README.md); the pre-registration fixes them.
+COLLAPSE_SPLITS = (8, 8, 4)          # A, B, C distinct instances per task
+COLLAPSE_SFT_STEPS = 40
+COLLAPSE_RL_STEPS = 40
+COLLAPSE_POINTS = 5                  # RL steps 0, 1/4, ..., end
+COLLAPSE_POINTS_SAMPLES = "A:8,B:64,C:0"  # pass@64 on B: the headroom bound's metric
+COLLAPSE_BOUNDS = "B:pass_optimal@64<=0.95,AB:pass_optimal@1<=0.8"
+
+
+def collapse_regime(c, opts: dict) -> None:
+  """configs/smollm2_nphard.py:collapse (in place): the splits regime of configs/collapse.py
+  on the real model, with the start's headroom checked at RL step 0 (`eval.start_bounds`: a
+  start outside the bounds stops the run before RL, naming the measured values)."""
+  c.tasks = opts.get("tasks", DEMO_TASKS).replace("+", ",")
+  c.collapse.update(min_optima=2, max_optima=64, splits=COLLAPSE_SPLITS, split_file="",
+                    sft_from="A", rl_from="AB")
+  c.sft.targets = "optimal"
+  c.sft.steps = int(opts.get("sft_steps", COLLAPSE_SFT_STEPS))
+  c.rl.update(steps=int(opts.get("rl_steps", COLLAPSE_RL_STEPS)), prompts_per_step=4, group_size=8)
+  # before / after RL on C: 256 samples per instance at the RL temperature, pass@k to 256
+  c.eval.update(samples=256, k=3, temperature=1.0, pass_ks=PASS256_KS, batch_prompts=1)
+  c.eval.update(points=COLLAPSE_POINTS, points_samples=COLLAPSE_POINTS_SAMPLES,
+                points_kl_samples=8, start_bounds=COLLAPSE_BOUNDS)
+  c.eval.zero_shot = False
+  c.sft.gym_tasks = c.eval.transfer = ""  # NP tasks only: every evaluated token is the question's
+  # DPH-RL's D_pef from the RL prompts (A + B), the authors' all-correct rule on 8 samples
+  c.dph.update(num_prompts=sum(COLLAPSE_SPLITS[:2]) * len(c.tasks.split(",")), samples=8,
+               batch=8, pef_threshold=1.0, correct="optimal", weighting="per_sample")
+  c.rl.log_term_grads = 4  # each term's gradient norm every 4th RL step
 
 
 def _parse(arg: str | None) -> tuple[dict, str]:
@@ -129,6 +164,8 @@ def get_config(arg: str | None = None):
                   batch_prompts=1)
     c.eval.zero_shot = False
     c.sft.gym_tasks = c.eval.transfer = ""  # the demonstration as recorded: NP tasks only
+  if opts.get("collapse"):
+    collapse_regime(c, opts)
   if opts.get("lora"):
     rank = 16 if opts["lora"] is True else int(opts["lora"])
     with c.unlocked():
@@ -146,4 +183,12 @@ def get_config(arg: str | None = None):
     c.model.max_new_tokens = 24
     c.log.progress = False
     c.sft.gym_tasks = c.eval.transfer = ""  # tests/data/test_gym_transfer.py runs the gym path
+    if opts.get("collapse"):
+      # the regime's every stage on one instance per set of two tasks with several optima
+      c.tasks = opts.get("tasks", "subset-sum,GCP-D").replace("+", ",")
+      c.collapse.update(splits=(1, 1, 1), limit=16, time_limit=2.0)
+      c.eval.update(samples=4, pass_ks=(1, 2, 4), points=2, points_samples="A:2,B:4,C:0",
+                    points_kl_samples=2, start_bounds="B:pass_optimal@4<=1,AB:pass_optimal@1<=1")
+      c.dph.update(num_prompts=2 * len(c.tasks.split(",")), samples=2, batch=2)
+      c.rl.log_term_grads = 1
   return c

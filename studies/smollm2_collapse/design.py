@@ -1,0 +1,56 @@
+"""The collapse question on SmolLM2-135M-Instruct (`configs/smollm2_nphard.py:collapse,lora`),
+as data: the run labels with their settings, the pilots' label lists, and the families the
+sweep records (docs/COLLAPSE.md, "The real model"; this folder's README.md has the commands).
+
+Two pilots on seed 0, both exploratory, before any pre-registration:
+* `regime`: full GRPO and the "less RL" reference at the config's length: does RL raise
+  optimal pass@1 on A + B, and does the start have headroom (`eval.start_bounds`)?
+* `strength`: each regulariser along its strength axis for a few RL steps, with each term's
+  gradient norm logged every step (`rl.log_term_grads`): the weakest strength whose term is at
+  least MIN_GRAD_SHARE of the policy gradient's norm is the one the pre-registration fixes.
+"""
+
+from __future__ import annotations
+
+from dmpo_jax.experiments import sweep
+
+
+def _fmt(x: float) -> str:
+  return f"{x:g}"
+
+
+RL_LR = 1e-4                 # configs/smollm2_nphard.py:lora's RL rate (ten times full fine-tuning's)
+LESS_RL_LR = 3e-5            # the "less RL" reference: GRPO at about a third of the rate
+DMPO_LAMBDAS = (5.0, 20.0, 80.0)   # at alpha 1/15; lambda 0.5, alpha 1 was 0.4-0.9% of the PG norm
+DPH_ETAS = (0.5, 2.5, 12.5)        # per stored sample (the config's default is 0.05)
+RKL_BETAS = (0.01, 0.1, 1.0)
+MIN_GRAD_SHARE = 0.1         # the regulariser's norm over the policy gradient's (issue 44)
+PILOT_SEEDS = (0,)
+STRENGTH_PILOT_STEPS = 8     # `--set=rl.steps=8`: the shares at RL steps 0..7
+
+SETTINGS: dict[str, dict] = {
+    "grpo": {"rl.algo": "grpo"},
+    f"grpo-lr{_fmt(LESS_RL_LR)}": {"rl.algo": "grpo", "rl.lr": LESS_RL_LR},
+}
+for lam in DMPO_LAMBDAS:
+  SETTINGS[f"dmpo-{_fmt(lam)}-a1_15"] = {"rl.algo": "dmpo", "rl.objective.dm_coef": lam,
+                                         "rl.objective.dm_alpha": 1 / 15}
+for eta in DPH_ETAS:
+  SETTINGS[f"dph_f-eta{_fmt(eta)}"] = {"rl.algo": "dph_f", "rl.objective.div_coef": eta}
+for beta in RKL_BETAS:
+  SETTINGS[f"rkl-{_fmt(beta)}"] = {"rl.algo": "rkl", "rl.objective.kl_coef": beta}
+
+REFERENCE = f"grpo-lr{_fmt(LESS_RL_LR)}"
+FAMILIES = {
+    "grpo-less-rl": ["grpo", REFERENCE],
+    "dmpo": [f"dmpo-{_fmt(x)}-a1_15" for x in DMPO_LAMBDAS],
+    "dph_f": [f"dph_f-eta{_fmt(x)}" for x in DPH_ETAS],
+    "rkl": [f"rkl-{_fmt(x)}" for x in RKL_BETAS],
+}
+REGIME_PILOT = ["grpo", REFERENCE]
+STRENGTH_PILOT = FAMILIES["dmpo"] + FAMILIES["dph_f"] + FAMILIES["rkl"]
+
+DESIGN = sweep.Design(settings=SETTINGS, families=FAMILIES, contrasts=[],
+                      tiers={"regime": REGIME_PILOT, "strength": STRENGTH_PILOT,
+                             "all": REGIME_PILOT + STRENGTH_PILOT},
+                      baseline=REFERENCE, analysis=None)
