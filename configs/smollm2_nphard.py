@@ -11,7 +11,10 @@ DPH presets dph_f, dph_kl, ...), `level=<level>`, `seed=<int>`, `tasks=<key+key+
 `lora` (`lora=<rank>`: LoRA adapters of rank 16 on every projection instead of full
 fine-tuning, docs/TRAINING.md "LoRA"),
 `gguf=<path>` (another .gguf file or HF folder instead of the package's), `smoke` (two
-steps of each stage on a few instances, for the slow test tier), and `demo` (the collapse
+steps of each stage on a few instances, for the slow test tier), `collapse` (the collapse
+question in the confirmatory form: A / B / C sets, evaluation points along RL, the start's
+headroom checked before RL, pass@k to 256 on C; `sft_steps=<N>` and `rl_steps=<N>` set its
+lengths; studies/smollm2_collapse/README.md), and `demo` (the collapse
 demonstration of docs/RESULTS.md: four tasks with several enumerated optima, SFT on optima,
 pass@k to k = 256 at T = 1.0; run it through the sweep runner so that the three presets share
 one SFT stage and one evaluation before RL):
