@@ -54,3 +54,49 @@ DESIGN = sweep.Design(settings=SETTINGS, families=FAMILIES, contrasts=[],
                       tiers={"regime": REGIME_PILOT, "strength": STRENGTH_PILOT,
                              "all": REGIME_PILOT + STRENGTH_PILOT},
                       baseline=REFERENCE, analysis=None)
+
+
+def grad_shares(workdir: str) -> list[float]:
+  """A run's logged gradient shares (metrics.jsonl's RL rows: grad_ratio = the regulariser's
+  gradient norm over the policy gradient's), the finite ones, in step order."""
+  import json
+  import math
+  import os
+  out = []
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      row = json.loads(line)
+      v = row.get("grad_ratio") if row.get("stage") == "rl" else None
+      if isinstance(v, (int, float)) and math.isfinite(v):
+        out.append(float(v))
+  return out
+
+
+def choose_strengths(out: str, seed: int = PILOT_SEEDS[0]) -> dict:
+  """The strength pilot's rule (docs/COLLAPSE.md, "The real model"): per family, the weakest
+  label whose median logged share is at least MIN_GRAD_SHARE; none: the strongest, marked.
+  Returns {family: {"label", "reached", "medians": {label: median or None}}}; a label without
+  logged shares (not run, or no finite ratio) has None and never reaches."""
+  import os
+  import statistics
+  choice = {}
+  for family in ("dmpo", "dph_f", "rkl"):
+    medians = {}
+    for label in FAMILIES[family]:
+      wd = os.path.join(out, label, f"seed{seed}")
+      shares = grad_shares(wd) if os.path.exists(os.path.join(wd, "metrics.jsonl")) else []
+      medians[label] = statistics.median(shares) if shares else None
+    reached = [l for l in FAMILIES[family] if medians[l] is not None and medians[l] >= MIN_GRAD_SHARE]
+    choice[family] = {"label": reached[0] if reached else FAMILIES[family][-1], "reached": bool(reached),
+                      "medians": medians}
+  return choice
+
+
+if __name__ == "__main__":  # python -m studies.smollm2_collapse.design <strength pilot's sweep folder>
+  import sys
+  if len(sys.argv) != 2:
+    sys.exit("usage: python -m studies.smollm2_collapse.design <the strength pilot's sweep folder>")
+  for fam, c in choose_strengths(sys.argv[1]).items():
+    meds = ", ".join(f"{l} {'-' if m is None else f'{m:.3f}'}" for l, m in c["medians"].items())
+    print(f"{fam}: {c['label']}" + ("" if c["reached"] else f" (none reaches {MIN_GRAD_SHARE}: the strongest)")
+          + f"; median shares: {meds}")

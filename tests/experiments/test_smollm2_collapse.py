@@ -138,3 +138,25 @@ def test_a_start_without_headroom_stops_the_sweep_before_rl_with_the_measured_va
   rows = [json.loads(l) for l in open(out / design.REGIME_PILOT[0] / "seed0" / "metrics.jsonl")]
   assert rows and all(r["stage"] == "sft" for r in rows)  # no RL step
   assert not os.path.exists(out / design.REGIME_PILOT[1] / "seed0" / "metrics.jsonl")  # no further run
+
+
+def test_the_strength_rule_takes_the_weakest_label_whose_median_share_reaches_the_bound(tmp_path):
+  def run(label, ratios):
+    wd = tmp_path / label / "seed0"
+    wd.mkdir(parents=True)
+    rows = [{"stage": "sft", "loss": 1.0}] + [{"stage": "rl", "grad_ratio": r} for r in ratios]
+    (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  weak, mid, strong = design.FAMILIES["dmpo"]
+  run(weak, [0.05, 0.2, 0.01])        # median 0.05: below
+  run(mid, [0.12, 0.09, 0.3, None])   # median 0.12 (None is not a share): the weakest to reach
+  run(strong, [0.5, 0.6])
+  for label, ratios in zip(design.FAMILIES["dph_f"], ([0.01], [0.02, float("nan")], [0.05])):
+    run(label, ratios)                # none reaches: the strongest, marked
+  run(design.FAMILIES["rkl"][1], [0.1, 0.1])  # exactly the bound reaches; the others never ran
+  got = design.choose_strengths(str(tmp_path))
+  assert got["dmpo"]["label"] == mid and got["dmpo"]["reached"]
+  assert got["dmpo"]["medians"] == {weak: 0.05, mid: 0.12, strong: 0.55}
+  assert got["dph_f"] == {"label": design.FAMILIES["dph_f"][-1], "reached": False,
+                          "medians": dict(zip(design.FAMILIES["dph_f"], (0.01, 0.02, 0.05)))}
+  assert got["rkl"]["label"] == design.FAMILIES["rkl"][1] and got["rkl"]["reached"]
+  assert got["rkl"]["medians"][design.FAMILIES["rkl"][0]] is None
