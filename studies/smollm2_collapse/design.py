@@ -56,6 +56,58 @@ DESIGN = sweep.Design(settings=SETTINGS, families=FAMILIES, contrasts=[],
                       baseline=REFERENCE, analysis=None)
 
 
+MIN_GAIN = 0.05              # the regime pilot: full GRPO's least gain in optimal pass@1 on A + B
+GAIN = ("AB", "pass_optimal@1")
+
+
+def trajectory(workdir: str, where=GAIN) -> dict:
+  """{RL step: the metric} of a run's evaluation points (points/rl<step>.json) on `where`'s set
+  (a union such as "AB" is the instance-weighted mean, `points.set_row`)."""
+  import json
+  import os
+  import re
+  from dmpo_jax.training import points
+  out = {}
+  folder = os.path.join(workdir, points.DIR)
+  for name in os.listdir(folder) if os.path.isdir(folder) else ():
+    m = re.fullmatch(r"rl(\d+)\.json", name)
+    if m:
+      with open(os.path.join(folder, name)) as f:
+        row = points.set_row(json.load(f), where[0])
+      if row is not None and where[1] in row:
+        out[int(m[1])] = float(row[where[1]])
+  return dict(sorted(out.items()))
+
+
+def regime_verdict(out: str, seeds) -> dict:
+  """The regime pilot's rule (docs/COLLAPSE.md, "The real model"): kept when every seed's start
+  was within the bounds (no `stopped.json`), and full GRPO's gain on A + B optimal pass@1 at its
+  last point is at least MIN_GAIN on every seed and larger than the spread (max - min) of the
+  seeds' starts. Returns {"kept", "why", "per_seed": {seed: {"start", "end", "gain",
+  "stopped"}}, "spread"}."""
+  import os
+  per_seed, why = {}, []
+  for seed in seeds:
+    wd = os.path.join(out, "grpo", f"seed{seed}")
+    traj = trajectory(wd)
+    stopped = os.path.exists(os.path.join(wd, "stopped.json"))
+    start, end = traj.get(0), (traj[max(traj)] if traj and max(traj) > 0 else None)
+    per_seed[seed] = {"start": start, "end": end, "stopped": stopped,
+                      "gain": None if start is None or end is None else end - start}
+    if stopped:
+      why.append(f"seed {seed}: the start is outside the bounds (stopped.json)")
+    elif per_seed[seed]["gain"] is None:
+      why.append(f"seed {seed}: grpo has no start point or no point after RL step 0")
+    elif per_seed[seed]["gain"] < MIN_GAIN:
+      why.append(f"seed {seed}: grpo's gain {per_seed[seed]['gain']:+.3f} < {MIN_GAIN}")
+  starts = [r["start"] for r in per_seed.values() if r["start"] is not None]
+  spread = max(starts) - min(starts) if starts else None
+  gains = [r["gain"] for r in per_seed.values() if r["gain"] is not None]
+  if not why and spread is not None and min(gains) <= spread:
+    why.append(f"grpo's least gain {min(gains):+.3f} is not above the starts' spread {spread:.3f}")
+  return {"kept": not why, "why": why, "per_seed": per_seed, "spread": spread}
+
+
 def grad_shares(workdir: str) -> list[float]:
   """A run's logged gradient shares (metrics.jsonl's RL rows: grad_ratio = the regulariser's
   gradient norm over the policy gradient's), the finite ones, in step order."""
@@ -92,10 +144,16 @@ def choose_strengths(out: str, seed: int = PILOT_SEEDS[0]) -> dict:
   return choice
 
 
-if __name__ == "__main__":  # python -m studies.smollm2_collapse.design <strength pilot's sweep folder>
+if __name__ == "__main__":  # python -m studies.smollm2_collapse.design <pilot sweep folder> [seeds]
   import sys
-  if len(sys.argv) != 2:
-    sys.exit("usage: python -m studies.smollm2_collapse.design <the strength pilot's sweep folder>")
+  if len(sys.argv) not in (2, 3):
+    sys.exit("usage: python -m studies.smollm2_collapse.design <the pilots' sweep folder> [seeds, e.g. 0,1,2]")
+  seeds = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) == 3 else list(PILOT_SEEDS)
+  v = regime_verdict(sys.argv[1], seeds)
+  print(f"regime: {'kept' if v['kept'] else 'not kept'}" + "".join(f"; {w}" for w in v["why"]))
+  for seed, r in v["per_seed"].items():
+    print(f"  seed {seed}: " + ", ".join(f"{k} {'-' if x is None else (f'{x:.3f}' if not isinstance(x, bool) else x)}"
+                                         for k, x in r.items()))
   for fam, c in choose_strengths(sys.argv[1]).items():
     meds = ", ".join(f"{l} {'-' if m is None else f'{m:.3f}'}" for l, m in c["medians"].items())
     print(f"{fam}: {c['label']}" + ("" if c["reached"] else f" (none reaches {MIN_GRAD_SHARE}: the strongest)")

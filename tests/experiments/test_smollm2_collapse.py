@@ -160,3 +160,31 @@ def test_the_strength_rule_takes_the_weakest_label_whose_median_share_reaches_th
                           "medians": dict(zip(design.FAMILIES["dph_f"], (0.01, 0.02, 0.05)))}
   assert got["rkl"]["label"] == design.FAMILIES["rkl"][1] and got["rkl"]["reached"]
   assert got["rkl"]["medians"][design.FAMILIES["rkl"][0]] is None
+
+
+def test_the_regime_rule_keeps_a_regime_only_with_headroom_and_a_gain_above_the_spread(tmp_path):
+  def run(seed, values, stopped=False, folder=tmp_path):
+    wd = folder / "grpo" / f"seed{seed}"
+    (wd / "points").mkdir(parents=True)
+    for step, (a, b) in values.items():  # A: 2 instances, B: 2; AB is their mean
+      pt = {"sets": {s: {"overall_instance": {"pass_optimal@1": v}, "num_per_task": {"x": 2}}
+                     for s, v in (("A", a), ("B", b))}}
+      (wd / "points" / f"rl{step}.json").write_text(json.dumps(pt))
+    if stopped:
+      (wd / report.STOPPED).write_text("{}")
+  run(0, {0: (0.2, 0.1), 20: (0.3, 0.2), 40: (0.35, 0.25)})  # start 0.15, end 0.30: +0.15
+  run(1, {0: (0.27, 0.17), 40: (0.37, 0.27)})                # start 0.22, +0.10
+  assert design.trajectory(str(tmp_path / "grpo" / "seed0")) == pytest.approx({0: 0.15, 20: 0.25, 40: 0.30})
+  v = design.regime_verdict(str(tmp_path), [0, 1])
+  assert v["kept"] and v["why"] == [] and v["spread"] == pytest.approx(0.07)
+  assert v["per_seed"][1]["gain"] == pytest.approx(0.10)
+  # a gain not above the starts' spread, a small gain, a stopped start, a missing run
+  run(2, {0: (0.45, 0.35), 40: (0.55, 0.45)})                # start 0.40: spread 0.25 > gains
+  v = design.regime_verdict(str(tmp_path), [0, 1, 2])
+  assert not v["kept"] and v["why"] == ["grpo's least gain +0.100 is not above the starts' spread 0.250"]
+  run(3, {0: (0.2, 0.1), 40: (0.22, 0.12)})
+  run(4, {0: (0.2, 0.1)}, stopped=True)
+  v = design.regime_verdict(str(tmp_path), [0, 3, 4, 5])
+  assert not v["kept"] and v["why"] == ["seed 3: grpo's gain +0.020 < 0.05",
+                                        "seed 4: the start is outside the bounds (stopped.json)",
+                                        "seed 5: grpo has no start point or no point after RL step 0"]
