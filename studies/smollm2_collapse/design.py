@@ -144,17 +144,31 @@ def choose_strengths(out: str, seed: int = PILOT_SEEDS[0]) -> dict:
   return choice
 
 
-if __name__ == "__main__":  # python -m studies.smollm2_collapse.design <pilot sweep folder> [seeds]
-  import sys
-  if len(sys.argv) not in (2, 3):
-    sys.exit("usage: python -m studies.smollm2_collapse.design <the pilots' sweep folder> [seeds, e.g. 0,1,2]")
-  seeds = [int(x) for x in sys.argv[2].split(",")] if len(sys.argv) == 3 else list(PILOT_SEEDS)
-  v = regime_verdict(sys.argv[1], seeds)
-  print(f"regime: {'kept' if v['kept'] else 'not kept'}" + "".join(f"; {w}" for w in v["why"]))
-  for seed, r in v["per_seed"].items():
-    print(f"  seed {seed}: " + ", ".join(f"{k} {'-' if x is None else (f'{x:.3f}' if not isinstance(x, bool) else x)}"
-                                         for k, x in r.items()))
-  for fam, c in choose_strengths(sys.argv[1]).items():
-    meds = ", ".join(f"{l} {'-' if m is None else f'{m:.3f}'}" for l, m in c["medians"].items())
+def main(argv) -> int:
+  """`regime <folder> [seeds]`: the regime pilot's verdict; `strength <folder>`: the choice."""
+  if len(argv) < 2 or argv[0] not in ("regime", "strength") or len(argv) > (3 if argv[0] == "regime" else 2):
+    print("usage: python -m studies.smollm2_collapse.design regime <sweep folder> [seeds, e.g. 0,1,2]\n"
+          "       python -m studies.smollm2_collapse.design strength <sweep folder>")
+    return 2
+  if argv[0] == "regime":
+    seeds = [int(x) for x in argv[2].split(",")] if len(argv) == 3 else list(PILOT_SEEDS)
+    v = regime_verdict(argv[1], seeds)
+    print(f"regime: {'kept' if v['kept'] else 'not kept'}" + "".join(f"; {w}" for w in v["why"]))
+    for seed, r in v["per_seed"].items():
+      print(f"  seed {seed}: start {_num(r['start'])}, end {_num(r['end'])}, gain {_num(r['gain'])}, "
+            f"stopped {r['stopped']}")
+    return 0
+  for fam, c in choose_strengths(argv[1]).items():
+    meds = ", ".join(f"{l} {_num(m)}" for l, m in c["medians"].items())
     print(f"{fam}: {c['label']}" + ("" if c["reached"] else f" (none reaches {MIN_GRAD_SHARE}: the strongest)")
           + f"; median shares: {meds}")
+  return 0
+
+
+def _num(x) -> str:
+  return "-" if x is None else f"{x:.3f}"
+
+
+if __name__ == "__main__":
+  import sys
+  sys.exit(main(sys.argv[1:]))

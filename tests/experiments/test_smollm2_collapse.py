@@ -188,3 +188,15 @@ def test_the_regime_rule_keeps_a_regime_only_with_headroom_and_a_gain_above_the_
   assert not v["kept"] and v["why"] == ["seed 3: grpo's gain +0.020 < 0.05",
                                         "seed 4: the start is outside the bounds (stopped.json)",
                                         "seed 5: grpo has no start point or no point after RL step 0"]
+
+
+def test_the_rules_command_prints_the_verdict_and_the_choice(tmp_path, capsys):
+  assert design.main([]) == 2 and "usage:" in capsys.readouterr().out
+  assert design.main(["regime", str(tmp_path), "0"]) == 0
+  assert capsys.readouterr().out.splitlines() == [
+      "regime: not kept; seed 0: grpo has no start point or no point after RL step 0",
+      "  seed 0: start -, end -, gain -, stopped False"]
+  assert design.main(["strength", str(tmp_path)]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0] == ("dmpo: dmpo-80-a1_15 (none reaches 0.1: the strongest); median shares: "
+                    "dmpo-5-a1_15 -, dmpo-20-a1_15 -, dmpo-80-a1_15 -") and len(out) == 3
