@@ -12,7 +12,12 @@ Two pilots on seed 0, both exploratory, before any pre-registration:
 
 from __future__ import annotations
 
-from dmpo_jax.experiments import sweep
+import math
+import os
+import statistics
+
+from dmpo_jax.experiments import frontier, sweep
+from dmpo_jax.training import report
 
 
 def _fmt(x: float) -> str:
@@ -26,7 +31,6 @@ DPH_ETAS = (0.5, 2.5, 12.5)        # per stored sample (the config's default is 
 RKL_BETAS = (0.01, 0.1, 1.0)
 MIN_GRAD_SHARE = 0.1         # the regulariser's norm over the policy gradient's (issue 44)
 PILOT_SEEDS = (0,)
-STRENGTH_PILOT_STEPS = 8     # `--set=rl.steps=8`: the shares at RL steps 0..7
 
 SETTINGS: dict[str, dict] = {
     "grpo": {"rl.algo": "grpo"},
@@ -61,22 +65,14 @@ GAIN = ("AB", "pass_optimal@1")
 
 
 def trajectory(workdir: str, where=GAIN) -> dict:
-  """{RL step: the metric} of a run's evaluation points (points/rl<step>.json) on `where`'s set
+  """{RL step: the metric} of a run's evaluation points (`frontier.read_points`) on `where`'s set
   (a union such as "AB" is the instance-weighted mean, `points.set_row`)."""
-  import json
-  import os
-  import re
-  from dmpo_jax.training import points
   out = {}
-  folder = os.path.join(workdir, points.DIR)
-  for name in os.listdir(folder) if os.path.isdir(folder) else ():
-    m = re.fullmatch(r"rl(\d+)\.json", name)
-    if m:
-      with open(os.path.join(folder, name)) as f:
-        row = points.set_row(json.load(f), where[0])
-      if row is not None and where[1] in row:
-        out[int(m[1])] = float(row[where[1]])
-  return dict(sorted(out.items()))
+  for step, point in frontier.read_points(workdir).items():
+    row = frontier.set_row(point, where[0])
+    if row is not None and where[1] in row:
+      out[step] = float(row[where[1]])
+  return out
 
 
 def regime_verdict(out: str, seeds) -> dict:
@@ -85,12 +81,11 @@ def regime_verdict(out: str, seeds) -> dict:
   last point is at least MIN_GAIN on every seed and larger than the spread (max - min) of the
   seeds' starts. Returns {"kept", "why", "per_seed": {seed: {"start", "end", "gain",
   "stopped"}}, "spread"}."""
-  import os
   per_seed, why = {}, []
   for seed in seeds:
     wd = os.path.join(out, "grpo", f"seed{seed}")
     traj = trajectory(wd)
-    stopped = os.path.exists(os.path.join(wd, "stopped.json"))
+    stopped = os.path.exists(os.path.join(wd, report.STOPPED))
     start, end = traj.get(0), (traj[max(traj)] if traj and max(traj) > 0 else None)
     per_seed[seed] = {"start": start, "end": end, "stopped": stopped,
                       "gain": None if start is None or end is None else end - start}
@@ -111,17 +106,9 @@ def regime_verdict(out: str, seeds) -> dict:
 def grad_shares(workdir: str) -> list[float]:
   """A run's logged gradient shares (metrics.jsonl's RL rows: grad_ratio = the regulariser's
   gradient norm over the policy gradient's), the finite ones, in step order."""
-  import json
-  import math
-  import os
-  out = []
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      row = json.loads(line)
-      v = row.get("grad_ratio") if row.get("stage") == "rl" else None
-      if isinstance(v, (int, float)) and math.isfinite(v):
-        out.append(float(v))
-  return out
+  rows = report.read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  return [float(r["grad_ratio"]) for r in rows if r.get("stage") == "rl"
+          and isinstance(r.get("grad_ratio"), (int, float)) and math.isfinite(r["grad_ratio"])]
 
 
 def choose_strengths(out: str, seed: int = PILOT_SEEDS[0]) -> dict:
@@ -129,8 +116,6 @@ def choose_strengths(out: str, seed: int = PILOT_SEEDS[0]) -> dict:
   label whose median logged share is at least MIN_GRAD_SHARE; none: the strongest, marked.
   Returns {family: {"label", "reached", "medians": {label: median or None}}}; a label without
   logged shares (not run, or no finite ratio) has None and never reaches."""
-  import os
-  import statistics
   choice = {}
   for family in ("dmpo", "dph_f", "rkl"):
     medians = {}
