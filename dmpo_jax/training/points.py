@@ -305,13 +305,6 @@ def check(n, samples, names) -> None:
     parse_samples(samples, names)
 
 
-def check_kl_samples(value) -> None:
-  """config.eval.points_kl_samples: an int >= 0 (0: the KL over every sample)."""
-  if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-    raise ValueError(f"config.eval.points_kl_samples={value!r}: the samples per instance whose KL "
-                     "to the start is computed (the first ones), an int >= 0; 0: all")
-
-
 def kl_rows(tokens, mask, prompts: int, g: int, s: int):
   """The first s of each prompt's g sample rows of tokens / mask [prompts * g, T] (the
   sampler's layout, a prompt's samples adjacent), as [prompts * s, T]; all when s is 0 or >= g."""

@@ -60,7 +60,6 @@ def check_points(cfg) -> None:
   spec = points_spec(cfg)
   names = eval_points.set_names(bool(c.get("splits") or c.get("split_file")), bool(c.get("pool")))
   eval_points.check(spec.n, spec.samples, names)
-  eval_points.check_kl_samples(spec.kl_samples)
   eval_points.start_bounds(spec, names, collapse_spec(cfg) is not None)
 
 
