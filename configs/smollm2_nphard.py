@@ -178,7 +178,9 @@ def get_config(arg: str | None = None):
     # update moves the weights far less per step than a full one.
     c.sft.lr, c.rl.lr = 10 * c.sft.lr, 10 * c.rl.lr
   if opts.get("smoke"):
-    c.tasks = opts.get("tasks", "subset-sum,knapsack").replace("+", ",")
+    # the collapse regime's smoke: two tasks with several optima, one instance per set
+    c.tasks = opts.get("tasks", "subset-sum,GCP-D" if opts.get("collapse") else
+                       "subset-sum,knapsack").replace("+", ",")
     c.sft.update(steps=2, batch_size=4, warmup=1)
     c.rl.update(steps=2, prompts_per_step=2, group_size=2)
     c.eval.update(num_per_task=1, samples=3, pass_ks=(1, 3), batch_prompts=2)
@@ -187,8 +189,6 @@ def get_config(arg: str | None = None):
     c.log.progress = False
     c.sft.gym_tasks = c.eval.transfer = ""  # tests/data/test_gym_transfer.py runs the gym path
     if opts.get("collapse"):
-      # the regime's every stage on one instance per set of two tasks with several optima
-      c.tasks = opts.get("tasks", "subset-sum,GCP-D").replace("+", ",")
       c.collapse.update(splits=(1, 1, 1), limit=16, time_limit=2.0)
       c.eval.update(samples=4, pass_ks=(1, 2, 4), points=2, points_samples="A:2,B:4,C:0",
                     points_kl_samples=2, start_bounds="B:pass_optimal@4<=1,AB:pass_optimal@1<=1")
