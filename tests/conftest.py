@@ -11,7 +11,10 @@ import tempfile
 
 import pytest
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tests.helpers import TEST_XLA_FLAGS, xla_flags  # noqa: E402 (no JAX import)
+
+_flags = os.environ.get("XLA_FLAGS", xla_flags(8))
+os.environ["XLA_FLAGS"] = _flags if "xla_backend_optimization_level" in _flags else f"{_flags} {TEST_XLA_FLAGS}"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -6,6 +6,15 @@ import os
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# XLA's backend (LLVM) at optimisation level 0 for the tests and their subprocesses: the suite's
+# many tiny programs compile about 30% faster (a smoke training: 27.6 s -> 19.1 s on the 2-core
+# EPYC); results are compared within one setting, and benchmarks never run under it.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def xla_flags(devices: int) -> str:
+  """XLA_FLAGS for a test's subprocess: `devices` forced CPU devices and TEST_XLA_FLAGS."""
+  return f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}"
 
 
 def config_module(name: str):
@@ -69,6 +78,17 @@ def tiny_config(**kw):
               num_kv_heads=2, qkv_bias=True, rope_theta=10000.0)
   base.update(kw)
   return ModelConfig(**base)
+
+
+def jitted(model):
+  """`model(...)` under jax.jit, compiled once per shape: eager calls dispatch op by op, which
+  costs seconds per call in a loop of decode steps."""
+  import jax
+  from flax import nnx
+
+  graphdef, state = nnx.split(model)
+  fn = jax.jit(lambda state, *args, **kw: nnx.merge(graphdef, state)(*args, **kw))
+  return lambda *args, **kw: fn(state, *args, **kw)
 
 
 def tiny_model(seed=0, scale=None, **kw):

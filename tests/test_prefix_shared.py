@@ -107,8 +107,8 @@ def _compare(graphdef, params, batch, losses=("like",)):
   return lp, ent, {name: _max_rel(grad(name, per_row), grad(name, shared)) for name in losses}
 
 
-@pytest.mark.parametrize("g,prompts", [pytest.param(1, 4, marks=pytest.mark.slow),
-                                       pytest.param(2, 3, marks=pytest.mark.slow), (8, 2)])
+@pytest.mark.slow
+@pytest.mark.parametrize("g,prompts", [(1, 4), (2, 3), (8, 2)])
 def test_attend_shared_equals_attention_over_the_repeated_prefix(g, prompts):
   """The core and its hand-written backward against `attention.attend` over [prefix | own]
   keys with the prefix repeated per row (GQA: 2 query heads per kv head)."""
@@ -139,27 +139,30 @@ def test_attend_shared_equals_attention_over_the_repeated_prefix(g, prompts):
     np.testing.assert_allclose(a, e, atol=1e-4, rtol=0, err_msg=f"d{name}")
 
 
-# The fast tier runs one pair (G = 8, where sharing saves most), the full suite every pair
-# (each compiles two forwards and up to six gradients: ~25 s of CPU).
-FAST = {("qwen2", 8)}
-GRID = [pytest.param(f, g, n, marks=() if (f, g) in FAST else pytest.mark.slow,
-                     id=f"{f}-G{g}") for f in FAMILIES for g, n in [(1, 4), (2, 3), (8, 2)]]
+ALL = ("like", "grpo", "dmpo")
+# Each family once, at a group size of 2 or 8 in turn; Qwen2 (and its LoRA variant) at every
+# group size with every loss. A slow case compiles two forwards and up to six gradients
+# (~25-45 s of CPU); the fast tier compares the log-probs and entropies alone, once.
+GRID = [pytest.param(f, g, n, losses, id=f"{f}-G{g}", marks=pytest.mark.slow) for f, g, n, losses in (
+    ("qwen2", 1, 4, ("like",)), ("qwen2", 2, 3, ALL), ("qwen2", 8, 2, ALL), ("qwen2_lora", 8, 2, ALL),
+    ("llama3", 8, 2, ("like",)), ("qwen3", 2, 3, ("like",)), ("qwen2_remat", 8, 2, ("like",)),
+    ("qwen2_xla", 2, 3, ("like",)))] + [pytest.param("qwen2", 2, 3, (), id="qwen2-G2-forward")]
 
 
-@pytest.mark.parametrize("family,g,prompts", GRID)
-def test_prefix_shared_logprobs_and_gradients_equal_per_row(family, g, prompts):
+@pytest.mark.parametrize("family,g,prompts,losses", GRID)
+def test_prefix_shared_logprobs_and_gradients_equal_per_row(family, g, prompts, losses):
   graphdef, params = _model(family)
   # Pads from none to LP - 1 (a one-token prompt) across the prompts.
   pads = np.linspace(0, LP - 1, prompts).astype(int)
   batch = _batch(prompts, g, seed=g, pads=pads)
-  lp, ent, grads = _compare(graphdef, params, batch,
-                            ("like",) if g == 1 else ("like", "grpo", "dmpo"))
+  lp, ent, grads = _compare(graphdef, params, batch, losses)
   assert lp < 1e-5 and ent < 1e-5, (lp, ent)
+  assert set(grads) == set(losses)
   for name, err in grads.items():
     assert err < 1e-4, (name, err)
 
 
-@pytest.mark.parametrize("planted", [pytest.param("position", marks=pytest.mark.slow), "mask"])
+@pytest.mark.slow
 def test_a_planted_off_by_one_fails_the_comparison(monkeypatch, planted):
   """The comparison above can fail: completion positions shifted by one, or one pad key of
   the prompt made visible, move log-probs and gradients far past its tolerances."""
@@ -191,6 +194,7 @@ def test_flowrl_log_z_and_its_gradient_equal_per_row():
   assert _max_rel(grad(per_row), grad(shared)) < 1e-4
 
 
+@pytest.mark.slow
 def test_flat_rows_with_a_group_size_and_the_jitted_eval():
   """Flat seqs [B, P+T] in groups of group_size adjacent rows (the reference pass's and DPH
   pre-sampling's layout): make_logprob_eval's group_size picks the shared forward, also with
@@ -275,6 +279,7 @@ def _forward_flops(graphdef, params, lp, shared, prompts, g, lt):
 
 
 @pytest.mark.parametrize("lp", [16, 64])
+@pytest.mark.slow
 def test_forward_flops_drop_as_counted(lp):
   """XLA's cost analysis of the compiled forward against a count of its matmuls.
 
@@ -331,22 +336,24 @@ def test_an_update_whose_groups_do_not_hold_is_skipped_and_counted(masked):
   bad = _broken(good, masked)
   obj = presets.objective_config("grpo")
 
-  def run(batch, **kw):
-    opt = optax.adam(1e-2)
+  opt = optax.adam(1e-2)
+
+  def run(step, batch):
     p0 = jax.tree.map(jnp.copy, params)
-    new, state, m = steps.make_rl_step(graphdef, obj, opt, LP, 1.0, **kw)(p0, opt.init(p0), batch)
+    new, state, m = step(p0, opt.init(p0), batch)
     moved = max(float(jnp.max(jnp.abs(a - b)))
                 for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(params)))
     return int(m["skipped"]), int(m["prefix_layout_errors"]), moved
 
+  make = lambda **kw: steps.make_rl_step(graphdef, obj, opt, LP, 1.0, **kw)
   for kw in ({}, {"micro_batches": 2}):
     before = steps.PATHS.copy()
-    assert run(bad, **kw)[:2] == (1, 1), kw
-    assert run(bad, **kw)[2] == 0.0, kw  # nothing moved
+    step = make(**kw)
+    assert run(step, bad) == (1, 1, 0.0), kw  # skipped, counted, nothing moved
     assert {p[0] for p in steps.PATHS - before} == {"prefix_shared"}, kw
-    skipped, errors, moved = run(good, **kw)
+    skipped, errors, moved = run(step, good)
     assert (skipped, errors) == (0, 0) and moved > 0, kw
-  skipped, errors, moved = run(bad, prefix_shared=False)
+  skipped, errors, moved = run(make(prefix_shared=False), bad)
   assert (skipped, errors) == (0, 0) and moved > 0
 
 
@@ -366,6 +373,8 @@ def test_forward_path_is_what_make_logprob_fn_runs():
     assert steps.forward_path(prefix_shared, seqs, LP, g) == want
     jax.eval_shape(lambda p, s: fn(p, s, g), params, seqs)
     assert list(fn.paths) == [want]
-  assert steps.make_logprob_fn(graphdef, LP)(params, batch["seqs"]) is not None  # default: None
+  default = steps.make_logprob_fn(graphdef, LP)  # prefix_shared=None
+  jax.eval_shape(default, params, batch["seqs"])
+  assert list(default.paths) == [("prefix_shared", "3 prompts x 4", 4)]
   with pytest.raises(ValueError, match="prefix_shared=True does not apply: flat seqs"):
     steps.forward_path(True, flat, LP)

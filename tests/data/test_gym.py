@@ -19,7 +19,7 @@ CONFIGS = {"countdown": {}, "puzzle24": {}, "graph_color": {}, "shortest_path": 
            "gsm_symbolic": {}, "futoshiki": {"min_board_size": 4, "max_board_size": 6},
            "basic_arithmetic": {}, "chain_sum": {}, "leg_counting": {}, "letter_counting": {},
            "number_sorting": {}}
-SLOW = {"countdown", "puzzle24", "futoshiki"}  # 200 instances take 4-11 s to generate
+SLOW = {"countdown", "puzzle24", "futoshiki"}  # 200 instances take 4-11 s to generate (these check 100)
 HOSTILE = ["__import__('os').system('touch PWNED')", "open('PWNED', 'w').write('1')",
            "(lambda: __import__('os').system('touch PWNED'))()", "9**9**9**9"]
 
@@ -233,13 +233,14 @@ def variants_number_sorting(e, q, rng):
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
                                   for n in sorted(CONFIGS)])
 def test_scores_equal_reasoning_gyms(name, registered):
-  """200 instances: our score equals reasoning-gym's for its reference, ours, and corrupted
-  answers; the listed differences go one way (ours lower), and each is exercised."""
+  """200 instances (100 of the SLOW tasks, whose generation and reasoning-gym's scoring cost the
+  most): our score equals reasoning-gym's for its reference, ours, and corrupted answers; the
+  listed differences go one way (ours lower), and each is exercised."""
   task = registered(name)
   rng = random.Random(0)
   make = globals()[f"variants_{name}"]
   labels, total = {}, 0
-  for index in range(200):
+  for index in range(100 if name in SLOW else 200):
     e, q = task.dataset[index], task.instance(index)
     for answer, label in make(e, q, rng):
       mine, theirs = ours(task, q, answer), task.dataset.score_answer(answer, e)

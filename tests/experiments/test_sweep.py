@@ -14,7 +14,7 @@ from dmpo_jax.experiments import report as sweep_report, stats, sweep
 from dmpo_jax.objectives import presets
 from studies.collapse_frontier import design
 from tests.experiments import fake_sweep
-from tests.helpers import REPO, smoke
+from tests.helpers import REPO, smoke, xla_flags
 
 CONFIG = os.path.join(REPO, "configs", "collapse.py")
 TIMING = ("rollout_s", "reward_s", "update_s")  # wall-clock fields: differ between any two runs
@@ -239,7 +239,7 @@ def test_report_on_a_partial_sweep(tmp_path):
 # ---------------------------------------------------------------------------
 # The CLI end to end on the smoke config.
 def cli(out, *args, cache):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", PYTHONPATH=REPO)
+  env = dict(os.environ, XLA_FLAGS=xla_flags(2), PYTHONPATH=REPO)
   r = subprocess.run([sys.executable, "-m", "studies.collapse_frontier.sweep", f"--config={CONFIG}", f"--out={out}",
                       "--smoke", f"--cache_dir={cache}", "--no_progress", "--set=log.tensorboard=False",
                       "--set=log.plots=False", "--set=checkpoint.export_hf=False", *args],
@@ -275,6 +275,7 @@ def test_a_run_folder_from_a_lora_sft_stage_holds_its_frozen_base(tmp_path):
   assert sorted(os.listdir(full / "checkpoints")) == ["5"]
 
 
+@pytest.mark.slow
 def test_sweep_end_to_end_shared_sft_and_resume(tmp_path):
   out, cache = str(tmp_path / "sweep"), str(tmp_path / "cache")
   run = lambda *a: cli(out, "--presets=grpo,dmpo", "--seeds=0,1", *a, cache=cache)

@@ -26,9 +26,9 @@ def _check_against_reference(fn, b, l, n, k, h, pads, tol):
   q, kk, v, w, offsets, mask = _inputs(b, l, n, k, h, pads)
   # Pad queries' outputs are unused (weights 0 there): cores may differ on them.
   loss = lambda core: lambda *a: jnp.sum(core(*a, mask, offsets) * w)
-  want, want_g = jax.value_and_grad(loss(attention.reference), argnums=(0, 1, 2))(q, kk, v)
-  got, got_g = jax.value_and_grad(loss(fn), argnums=(0, 1, 2))(q, kk, v)
-  out = np.asarray(fn(q, kk, v, mask, offsets) - attention.reference(q, kk, v, mask, offsets))
+  vg = lambda core: jax.jit(jax.value_and_grad(loss(core), argnums=(0, 1, 2)))(q, kk, v)
+  (want, want_g), (got, got_g) = vg(attention.reference), vg(fn)
+  out = np.asarray(jax.jit(lambda *a: fn(*a) - attention.reference(*a))(q, kk, v, mask, offsets))
   real = np.asarray(w != 0)
   assert np.abs(out[real]).max() < tol
   assert abs(float(got - want)) < tol * max(1.0, abs(float(want)))
@@ -89,7 +89,7 @@ def test_model_with_core_equals_reference_model_in_logits_and_gradients(name):
     graphdef, state = nnx.split(model)
     fn = lambda st: jnp.sum(jnp.where(real, nnx.merge(graphdef, st)(tokens, offsets=offsets), 0)
                             ** 2)
-    return jax.value_and_grad(fn)(state)
+    return jax.jit(jax.value_and_grad(fn))(state)
 
   (a, ga), (b, gb) = loss(ref), loss(other)
   assert abs(float(a - b)) < 1e-5 * abs(float(a))

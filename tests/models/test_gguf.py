@@ -187,7 +187,7 @@ def _mixed_strings(n, seed=0):
 
 
 @needs_gguf
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", [pytest.param("llama", marks=pytest.mark.slow), "qwen2", "qwen3"])
 def test_tiny_file_loads_like_transformers(tmp_path, arch):
   """Every supported tensor type, llama's Q/K reordering undone, config and tokenizer: equal
   to transformers' own GGUF load of the same file (and Q8_0 values to the written ones)."""

@@ -49,6 +49,7 @@ def randomize_b(model, seed=3, scale=0.1):
 
 
 @pytest.mark.parametrize("family", FAMILY_PARAMS)
+@pytest.mark.slow
 def test_zero_b_gives_the_base_logits_exactly(family):
   cfg = tiny_config(**FAMILIES[family])
   base = Transformer(cfg, rngs=nnx.Rngs(0))
@@ -71,6 +72,7 @@ def test_zero_b_gives_the_base_logits_exactly(family):
 
 
 @pytest.mark.parametrize("family", FAMILY_PARAMS)
+@pytest.mark.slow
 def test_adapted_forward_equals_the_merged_weights(family):
   cfg = tiny_config(**FAMILIES[family])
   lcfg = LoRAConfig(rank=3, alpha=7.0, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
@@ -268,6 +270,7 @@ def test_adapters_that_do_not_fit_the_base_are_refused_by_name(tmp_path):
   assert not (tmp_path / "none").exists()
 
 
+@pytest.mark.slow
 def test_merged_save_writes_what_the_adapted_model_computes(tmp_path):
   """hf.save of an adapted model writes its merged weights: the folder, loaded as a plain
   model, gives the adapted logits."""

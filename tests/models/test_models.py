@@ -11,7 +11,7 @@ from flax import nnx
 
 from dmpo_jax.models import hf
 from dmpo_jax.models import tokenizer as task_tokenizer
-from tests.helpers import tiny_config, tiny_hf, tiny_model
+from tests.helpers import jitted, tiny_config, tiny_hf, tiny_model
 
 
 def _left_padded(ids, lengths):
@@ -74,15 +74,15 @@ def test_cache_equals_no_cache_and_prefill_plus_decode_equals_full_forward():
   b, l, p = 2, 10, 6
   ids = jnp.asarray(np.random.RandomState(2).randint(3, 61, (b, l)), jnp.int32)
   full = np.asarray(model(ids))
-  cache = model.init_cache(b, l)
+  cache, step = model.init_cache(b, l), jitted(model)
   slots = jnp.arange(l)
   mask = jnp.broadcast_to(slots[None, None, :] <= jnp.arange(p)[None, :, None], (b, p, l))
-  logits, cache = model(ids[:, :p], mask=mask, cache=cache, cache_index=0)
+  logits, cache = step(ids[:, :p], mask=mask, cache=cache, cache_index=0)
   steps = [np.asarray(logits)]
   for t in range(p, l):
     pos = jnp.full((b, 1), t, jnp.int32)
     m = jnp.broadcast_to(slots <= t, (b, 1, l))
-    logits, cache = model(ids[:, t:t + 1], pos, mask=m, cache=cache, cache_index=t)
+    logits, cache = step(ids[:, t:t + 1], pos, mask=m, cache=cache, cache_index=t)
     steps.append(np.asarray(logits))
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 
@@ -100,11 +100,11 @@ def test_shared_prefix_decode_equals_full_forward():
   causal = jnp.broadcast_to(jnp.tril(jnp.ones((p, p), bool)), (bp, p, p))
   _, prefix = model(ids[::r, :p], mask=causal, cache=model.init_cache(bp, p), cache_index=0)
   cache = model.with_prefix(prefix, bp * r, t)
-  steps = []
+  steps, step = [], jitted(model)
   for i in range(t):
     m = jnp.broadcast_to(jnp.arange(p + t) <= p + i, (bp * r, 1, p + t))
     pos = jnp.full((bp * r, 1), p + i, jnp.int32)
-    logits, cache = model(ids[:, p + i:p + i + 1], pos, mask=m, cache=cache, cache_index=i)
+    logits, cache = step(ids[:, p + i:p + i + 1], pos, mask=m, cache=cache, cache_index=i)
     steps.append(np.asarray(logits))
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
   with pytest.raises(ValueError, match="multiple"):
@@ -261,7 +261,6 @@ def test_remat_gives_the_same_gradients():
   assert "remat" in str(jax.make_jaxpr(jax.grad(loss(g2)))(s))  # the recomputation is really there
 
 
-@pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 3e-2)])
 def test_attention_core_backward_matches_autodiff(dtype, tol):
   from dmpo_jax.models.transformer import _NEG_INF, attend
@@ -279,7 +278,7 @@ def test_attention_core_backward_matches_autodiff(dtype, tol):
     return jnp.einsum("bkqs,bksh->bkqh", jax.nn.softmax(logits, -1), v)
 
   def grads(fn, *args):
-    return jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32) * weights), argnums=(0, 1, 2))(*args)
+    return jax.jit(jax.grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32) * weights), argnums=(0, 1, 2)))(*args)
 
   ours = grads(lambda *a: attend(*a, mask), *(t.astype(dtype) for t in (q, kk, v)))
   want = grads(reference, q, kk, v)

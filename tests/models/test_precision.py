@@ -74,7 +74,8 @@ def test_local_backend_reads_this_machine():
     assert b.cpu_flags == precision.read_cpu_flags()
 
 
-@pytest.mark.parametrize("flags,dtype", [(PLAIN | {"avx512_bf16"}, "bfloat16"), (PLAIN, "float32")])
+@pytest.mark.parametrize("flags,dtype", [pytest.param(PLAIN | {"avx512_bf16"}, "bfloat16", marks=pytest.mark.slow),
+                                         (PLAIN, "float32")])
 def test_a_model_built_with_auto_computes_as_resolved_on_float32_params(monkeypatch, flags, dtype):
   """The config path: config.model.dtype = "auto" -> specs.model_spec (which reads the machine)
   -> build. On a simulated bfloat16 CPU the activations are bfloat16, the parameters float32

@@ -116,6 +116,7 @@ def test_pkpo_gradient_is_unbiased_for_pass_at_k(x64, baseline):
   np.testing.assert_allclose(got, want, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_pkpo_annealing_switches_to_k1():
   cfg = presets.objective_config("pkpo", pkpo_anneal_step=5)
   r = jnp.array([[1., 0., 0., 1.], [1., 0., 0., 1.]])
@@ -200,6 +201,7 @@ def test_kl_cov_penalises_the_top_tokens_and_only_them():
   np.testing.assert_allclose(float(aux["cov_frac"]), n / n_valid, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_clip_cov_detaches_a_random_subset_of_the_band():
   lp, old, adv, mask = _cov_case(2, (2, 4, 8))
   lb, ub, frac = -1.0, 1.0, 0.1
@@ -393,6 +395,7 @@ def test_miniature_terms_on_answers_keep_the_weakest_optimum():
     assert w.min() > 0.25 and w.mean() > 5 * g.mean(), (name, w)
 
 
+@pytest.mark.slow
 def test_pkpo_on_binary_rewards_leaves_wrong_samples_at_zero():
   r = jnp.array([[1., 0., 0., 1., 0., 0., 0., 0.], [0., 0., 0., 0., 1., 0., 0., 0.]])
   adv = np.asarray(passk.pkpo_advantages(r, 4))

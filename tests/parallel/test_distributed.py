@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.helpers import REPO, adam_lr_sum, assert_adam_close, config_module, smoke
+from tests.helpers import REPO, adam_lr_sum, assert_adam_close, config_module, smoke, xla_flags
 
 nphard = config_module("nphard")
 
@@ -19,7 +19,7 @@ ARGS = ["--config=configs/nphard.py:smoke", "--config.sft.steps=1", "--config.rl
 
 def _env(devices):
   e = dict(os.environ)
-  e.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+  e.update(XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu",
            PYTHONPATH=REPO)
   for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
     e.pop(k, None)

@@ -171,6 +171,7 @@ def _count(module):
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(module, nnx.Param)))
 
 
+@pytest.mark.slow
 def test_vision_tower_parameter_count_matches_a_built_model():
   from dmpo_jax.models.qwen2_5_vl import Qwen2_5_VL
   from dmpo_jax.models.vision import VisionTower

@@ -12,12 +12,21 @@ from dmpo_jax.sampling import sampler as sampler_lib
 from tests.helpers import random_prompts, tiny_model
 
 
+@jax.jit
+def _logits(graphdef, state, tokens):
+  return nnx.merge(graphdef, state)(tokens)
+
+
+def _forward(model, tokens):
+  """Logits [L, V] of one full forward of `tokens` (jitted: compiled once per length)."""
+  graphdef, state = nnx.split(model)
+  return np.asarray(_logits(graphdef, state, jnp.asarray([tokens], jnp.int32)))[0]
+
+
 def _teacher_forced_logits(model, prompt, completion):
   """Logits [T, V] predicting each completion token from a full forward of prompt + completion."""
-  seq = jnp.asarray([list(prompt) + list(completion)], jnp.int32)
-  logits = np.asarray(model(seq))[0]
   p = len(prompt)
-  return logits[p - 1:p - 1 + len(completion)]
+  return _forward(model, list(prompt) + list(completion))[p - 1:p - 1 + len(completion)]
 
 
 @pytest.mark.slow  # > 7 s on the 2-core CPU: full suite only
@@ -27,8 +36,8 @@ def test_greedy_equals_stepwise_argmax_of_full_forwards():
   out = sampling.generate(model, prompts, rng=jax.random.key(0), max_new_tokens=6, greedy=True)
   for i, prompt in enumerate(prompts):
     seq = list(prompt)
-    for _ in range(6):
-      logits = np.asarray(model(jnp.asarray([seq], jnp.int32)))[0, -1]
+    for _ in range(6):  # right-padded to one length: causal, so the pads change nothing before them
+      logits = _forward(model, seq + [0] * (len(prompt) + 6 - len(seq)))[len(seq) - 1]
       seq.append(int(np.argmax(logits)))
     assert list(np.asarray(out.tokens[i])) == seq[len(prompt):]
   assert np.asarray(out.mask).min() == 1  # no EOS given: every token is valid
@@ -208,7 +217,8 @@ def test_decode_phases_change_nothing_but_speed():
   np.testing.assert_allclose(np.asarray(outs[4].logprobs), np.asarray(outs[1].logprobs), atol=1e-6)
 
 
-@pytest.mark.parametrize("attention", ["reference", pytest.param("xla", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ["reference", "xla"])
 def test_update_recomputes_the_samplers_logprobs_on_left_padded_batch(attention):
   """PPO ratio 1 at the first step: the update's log-probs (steps.make_logprob_fn) of a
   freshly sampled batch with mixed prompt lengths equal the sampler's, through the one

@@ -138,7 +138,7 @@ def test_term_gradient_norms_are_those_of_each_term():
   obj = presets.objective_config("dmpo", dm_coef=2.0, dm_alpha=1 / 15)
   loss_fn = presets.build_loss(obj, steps.make_logprob_fn(graphdef, 6))
   params = {"model": state}
-  norm = lambda f: float(optax.tree.norm(jax.grad(lambda p: f(loss_fn(p, batch)[1]))(params)))
+  norm = lambda f: float(optax.tree.norm(jax.jit(jax.grad(lambda p: f(loss_fn(p, batch)[1])))(params)))
   want_pg, want_reg = norm(lambda m: m["pg_loss"]), norm(lambda m: 2.0 * m["dm_loss"])
   assert want_reg > 0 and want_pg > 0
   outs = {}

@@ -18,7 +18,7 @@ from dmpo_jax.experiments import sweep
 from dmpo_jax.training import lock as lock_lib
 from dmpo_jax.training import run as run_lib
 from dmpo_jax.training import stages
-from tests.helpers import REPO, smoke
+from tests.helpers import REPO, smoke, xla_flags
 
 ARGS = ["--config=configs/nphard.py:smoke", "--config.log.tensorboard=False",
         "--config.log.plots=False"]
@@ -180,7 +180,7 @@ def test_every_process_of_a_multi_process_run_is_refused(tmp_path):
   with socket.socket() as s:
     s.bind(("localhost", 0))
     port = s.getsockname()[1]
-  e = dict(env(), XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  e = dict(env(), XLA_FLAGS=xla_flags(2))
   with lock_lib.acquire(str(wd)):
     procs = [subprocess.Popen([sys.executable, "-m", "dmpo_jax.train", f"--workdir={wd}",
                                f"--coordinator_address=localhost:{port}", "--num_processes=2",

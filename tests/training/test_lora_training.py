@@ -70,7 +70,7 @@ def test_one_update_trains_the_adapters_alone(stage):
              "mask": batch["mask"].reshape(P * G, -1)}
   # The gradient the step clips: the adapters' alone (the base's is not computed).
   fn = steps.make_logprob_fn(graphdef, LP)
-  grads = jax.grad(lambda p: fn(p, jax.tree.map(jnp.asarray, batch["seqs"]))["logprobs"].sum())(params)
+  grads = jax.jit(jax.grad(lambda p: fn(p, jax.tree.map(jnp.asarray, batch["seqs"]))["logprobs"].sum()))(params)
   gbase, gad = split(grads)
   assert all(not g.any() for g in gbase) and any(g.any() for g in gad)
   new, new_state, m = step(params, opt_state, batch)
@@ -125,7 +125,8 @@ def scan_carry_shapes(fn, *args) -> set:
   return shapes
 
 
-@pytest.mark.parametrize("term_grads", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("term_grads", [False, True])
 def test_micro_batches_carry_no_gradient_buffer_for_the_frozen_base(term_grads):
   """Summed over micro-batches, the frozen base's gradients ride as scalar zeros (no base-sized
   carry in the scan), and the result is bit-identical to carrying them in full."""
@@ -155,7 +156,7 @@ def test_clipping_norm_is_over_the_adapters():
   batch = rl_batch()
   obj = presets.objective_config("grpo")
   loss = presets.build_loss(obj, steps.make_logprob_fn(graphdef, LP, temperature=1.0))
-  grads = jax.grad(lambda p: loss(p, jax.tree.map(jnp.asarray, batch))[0])(params)
+  grads = jax.jit(jax.grad(lambda p: loss(p, jax.tree.map(jnp.asarray, batch))[0]))(params)
   want = optax.global_norm(split(grads)[1])
   step = steps.make_rl_step(graphdef, obj, opt, LP, 1.0)
   _, _, m = step(jax.tree.map(jnp.copy, params), opt.init(params), batch)

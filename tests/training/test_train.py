@@ -19,7 +19,7 @@ from dmpo_jax.training import specs, stages
 from dmpo_jax.training.memory import micro_batches
 from dmpo_jax.training.steps import make_optimizer
 from dmpo_jax.models import hf
-from tests.helpers import REPO, adam_lr_sum, assert_adam_close, config_module, smoke
+from tests.helpers import REPO, adam_lr_sum, assert_adam_close, config_module, smoke, xla_flags
 
 nphard = config_module("nphard")
 
@@ -33,7 +33,7 @@ def load_params(workdir):
 
 def env():
   e = dict(os.environ)
-  e["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  e["XLA_FLAGS"] = xla_flags(2)
   e["PYTHONPATH"] = REPO
   return e
 
