@@ -17,6 +17,15 @@ def xla_flags(devices: int) -> str:
   return f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}"
 
 
+def production_xla_env() -> dict:
+  """The environment for a subprocess whose assertion is about what training learns: XLA_FLAGS
+  without TEST_XLA_FLAGS (XLA's default backend optimisation, as runs use). A trained policy's
+  outcome depends on the rounding of the compiled code, so it is checked at the runs' setting."""
+  env = dict(os.environ, PYTHONPATH=REPO)
+  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if f != TEST_XLA_FLAGS)
+  return env
+
+
 def config_module(name: str):
   """configs/<name>.py as a module, loaded by path (as --config does)."""
   from dmpo_jax.training import config as config_lib

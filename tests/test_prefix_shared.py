@@ -163,6 +163,7 @@ def test_prefix_shared_logprobs_and_gradients_equal_per_row(family, g, prompts, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("planted", ["position", "mask"])
 def test_a_planted_off_by_one_fails_the_comparison(monkeypatch, planted):
   """The comparison above can fail: completion positions shifted by one, or one pad key of
   the prompt made visible, move log-probs and gradients far past its tolerances."""
