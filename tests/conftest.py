@@ -1,4 +1,5 @@
-"""Test setup: 8 forced CPU devices (before JAX starts), small shapes, fixed seeds.
+"""Test setup: 8 forced CPU devices and XLA's backend at -O0 (both before JAX starts; see
+tests.helpers.TEST_XLA_FLAGS and production_xla_env), small shapes, fixed seeds.
 
 A persistent compilation cache, fresh for each test session, lets the many small
 training runs of the suite (same sampler, same update shapes) compile each program once.
