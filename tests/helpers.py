@@ -89,15 +89,20 @@ def tiny_config(**kw):
   return ModelConfig(**base)
 
 
+_JIT_CALL = []  # the one jitted `nnx.merge(graphdef, state)(*args, **kw)`, made on first use
+
+
 def jitted(model):
-  """`model(...)` under jax.jit, compiled once per shape: eager calls dispatch op by op, which
-  costs seconds per call in a loop of decode steps."""
+  """`model(...)` under jax.jit, compiled once per shape (one jitted function for every model,
+  so a model's calls of one shape compile once): eager calls dispatch op by op, which costs
+  seconds per call in a loop of decode steps."""
   import jax
   from flax import nnx
 
+  if not _JIT_CALL:
+    _JIT_CALL.append(jax.jit(lambda graphdef, state, *args, **kw: nnx.merge(graphdef, state)(*args, **kw)))
   graphdef, state = nnx.split(model)
-  fn = jax.jit(lambda state, *args, **kw: nnx.merge(graphdef, state)(*args, **kw))
-  return lambda *args, **kw: fn(state, *args, **kw)
+  return lambda *args, **kw: _JIT_CALL[0](graphdef, state, *args, **kw)
 
 
 def tiny_model(seed=0, scale=None, **kw):

@@ -9,18 +9,12 @@ from flax import nnx
 
 from dmpo_jax import sampling
 from dmpo_jax.sampling import sampler as sampler_lib
-from tests.helpers import random_prompts, tiny_model
-
-
-@jax.jit
-def _logits(graphdef, state, tokens):
-  return nnx.merge(graphdef, state)(tokens)
+from tests.helpers import jitted, random_prompts, tiny_model
 
 
 def _forward(model, tokens):
   """Logits [L, V] of one full forward of `tokens` (jitted: compiled once per length)."""
-  graphdef, state = nnx.split(model)
-  return np.asarray(_logits(graphdef, state, jnp.asarray([tokens], jnp.int32)))[0]
+  return np.asarray(jitted(model)(jnp.asarray([tokens], jnp.int32)))[0]
 
 
 def _teacher_forced_logits(model, prompt, completion):
