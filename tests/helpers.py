@@ -1,6 +1,7 @@
 """Shared test helpers: the repository root, configs by path, the smoke config, tiny models and
 HF folders built inside the tests (no hub), and the invariance comparisons."""
 
+import functools
 import os
 
 import numpy as np
@@ -89,20 +90,21 @@ def tiny_config(**kw):
   return ModelConfig(**base)
 
 
-_JIT_CALL = []  # the one jitted `nnx.merge(graphdef, state)(*args, **kw)`, made on first use
+@functools.cache
+def _jit_call():
+  """The one jitted `nnx.merge(graphdef, state)(*args, **kw)` (made on first use)."""
+  import jax
+  from flax import nnx
+  return jax.jit(lambda graphdef, state, *args, **kw: nnx.merge(graphdef, state)(*args, **kw))
 
 
 def jitted(model):
   """`model(...)` under jax.jit, compiled once per shape (one jitted function for every model,
   so a model's calls of one shape compile once): eager calls dispatch op by op, which costs
   seconds per call in a loop of decode steps."""
-  import jax
   from flax import nnx
-
-  if not _JIT_CALL:
-    _JIT_CALL.append(jax.jit(lambda graphdef, state, *args, **kw: nnx.merge(graphdef, state)(*args, **kw)))
   graphdef, state = nnx.split(model)
-  return lambda *args, **kw: _JIT_CALL[0](graphdef, state, *args, **kw)
+  return lambda *args, **kw: _jit_call()(graphdef, state, *args, **kw)
 
 
 def tiny_model(seed=0, scale=None, **kw):
