@@ -318,22 +318,35 @@ def _all_finite(tree):
 def _guarded_update(opt, loss, grads, params, opt_state, freeze_vision: bool = False):
   """Apply the update only if the loss, the gradients and the new params are all finite.
   Frozen params (`frozen_filter`: freeze_vision's tower, a LoRA model's base) stay exactly as
-  they were (whatever the optimizer's weight decay), their gradients zero."""
+  they were (whatever the optimizer's weight decay), their gradients zero.
+  -> (params, opt_state, skipped int32, gradient norm; 0 when skipped for the gradients).
+
+  The two checks choose whole trees with lax.cond, not per leaf with jnp.where: XLA turned the
+  flag (an `and` over every leaf's check) into a chain of scalar ands and copied it into each
+  leaf's select fusion, which took 88 s of compilation for SmolLM2-135M's 273 leaves
+  (12 s as conds, the same outputs bit for bit; docs/PERFORMANCE.md)."""
   frozen = frozen_filter(params, freeze_vision)
   if frozen is not None:
     grads = jax.tree_util.tree_map_with_path(
         lambda path, g: jnp.zeros_like(g) if frozen(path) else g, grads)
   finite = jnp.isfinite(loss) & _all_finite(grads)
-  safe = jax.tree.map(lambda g: jnp.where(finite, g, 0.0), grads)
-  updates, new_state = opt.update(safe, opt_state, params)
-  new_params = optax.apply_updates(params, updates)
-  if frozen is not None:
-    new_params = jax.tree_util.tree_map_with_path(
-        lambda path, new, old: old if frozen(path) else new, new_params, params)
-  finite = finite & _all_finite(trained_leaves(new_params, frozen))
-  keep = lambda new, old: jnp.where(finite, new, old)
-  return (jax.tree.map(keep, new_params, params), jax.tree.map(keep, new_state, opt_state),
-          1 - finite.astype(jnp.int32), optax.global_norm(safe))
+  no_norm = jnp.zeros((), jax.eval_shape(optax.global_norm, grads).dtype)
+
+  def apply(params, opt_state, grads):
+    updates, new_state = opt.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    if frozen is not None:
+      new_params = jax.tree_util.tree_map_with_path(
+          lambda path, new, old: old if frozen(path) else new, new_params, params)
+    ok = _all_finite(trained_leaves(new_params, frozen))
+    new_params, new_state, skipped = jax.lax.cond(
+        ok, lambda: (new_params, new_state, jnp.int32(0)), lambda: (params, opt_state, jnp.int32(1)))
+    return new_params, new_state, skipped, optax.global_norm(grads)
+
+  def keep(params, opt_state, grads):
+    return params, opt_state, jnp.int32(1), no_norm
+
+  return jax.lax.cond(finite, apply, keep, params, opt_state, grads)
 
 
 def accumulate(value_and_grad, params, batch, micro_batches: int, frozen=None):
