@@ -131,9 +131,9 @@ def test_config_without_the_file_says_how_to_get_it(monkeypatch):
 @needs_smollm2
 def test_smollm2_smoke_runs_every_stage(tmp_path):
   """configs/smollm2_nphard.py:smoke: zero-shot evaluation, 2 SFT steps in the chat format,
-  2 dmpo steps, evaluation before and after RL, on the real 135M model (about 3.5 min on the
-  2-core EPYC beside the niced sweep, 2026-12-07, after the guard's compile fix: SFT 46 s and
-  update 69 s, most of it compiling; docs/PERFORMANCE.md, "Compiling a deep model's step")."""
+  2 dmpo steps, evaluation before and after RL, on the real 135M model (4 min 2 s under pytest
+  on the 2-core EPYC beside the niced sweep, 2026-12-07, after the guard's compile fix, 7 min
+  before: SFT 46 s and update 69 s, most of it compiling; docs/PERFORMANCE.md, "Compiling a deep model's step")."""
   from dmpo_jax.training import config as config_lib
   cfg = SMOLLM2_CONFIG.get_config("smoke")
   config_lib.check_fields(cfg)
