@@ -5,8 +5,12 @@ A source is a sweep folder (its runs' points/rl<step>.json; only runs the sweep 
 as finished, `report.collect`: results.json and every planned evaluation point) or a
 points.csv written by a sweep report (`frontier.point_rows`: one row per label, seed, RL step
 and set, the mean over instances; the report writes finished runs only). A source prefixed
-`tier1:` contributes only the labels given for it (stage 1: `design.RAN_IN_TIER1`). Labels
-and seeds found in several sources are refused (one run per label and seed).
+`tier1:` contributes only the labels given for it (stage 1: `design.RAN_IN_TIER1`). A source
+prefixed `seeds=<list>:` (e.g. `seeds=100-112:stage2/2026-12-06_a/points.csv`, the list as the
+sweep's --seeds) contributes only those seeds; its others are listed among the seeds left out
+(stage 2: a seed's runs from one CPU kind, since the SFT that the seed's 15 labels share is not
+bit-identical across kinds). Labels and seeds found in several sources are refused (one run per
+label and seed).
 """
 
 from __future__ import annotations
@@ -18,6 +22,21 @@ from dmpo_jax.experiments import frontier, report
 
 METRICS = ("pass_optimal@1", "coverage")  # what stage 1 reads of a points.csv
 TIER1 = "tier1:"
+SEEDS = "seeds="
+
+
+def split_source(src: str) -> tuple[list[int] | None, str]:
+  """(the seeds a `seeds=<list>:` prefix keeps, or None; the rest of the source)."""
+  if not src.startswith(SEEDS):
+    return None, src
+  spec, sep, rest = src[len(SEEDS):].partition(":")
+  if not sep or not rest:
+    raise SystemExit(f"error: source {src!r}: write seeds=<list>:<sweep folder or points.csv>")
+  from dmpo_jax.experiments import sweep
+  try:
+    return sweep.parse_seeds(spec), rest
+  except sweep.SweepError as e:
+    raise SystemExit(f"error: source {src!r}: bad seed list {spec!r} ({e})")
 
 
 def points_from_csv(path: str, metrics=METRICS) -> dict:
@@ -63,8 +82,9 @@ def load(sources, seeds, tier1_labels=(), metrics=METRICS) -> tuple[dict, dict, 
   unfinished: dict = {}
   skipped: dict = {}
   for src in sources:
-    only = tier1_labels if src.startswith(TIER1) else None
-    path = src[len(TIER1):] if only is not None else src
+    keep_seeds, rest = split_source(src)
+    only = tier1_labels if rest.startswith(TIER1) else None
+    path = rest[len(TIER1):] if only is not None else rest
     if not os.path.exists(path):
       raise SystemExit(f"error: source {src!r}: no such file or sweep folder")
     if path.endswith(".csv"):
@@ -74,17 +94,19 @@ def load(sources, seeds, tier1_labels=(), metrics=METRICS) -> tuple[dict, dict, 
     for label, by_seed in pts.items():
       if only is not None and label not in only:
         continue
-      out = sorted(s for s in by_seed if s not in seeds)
+      wanted = set(seeds) if keep_seeds is None else set(seeds) & set(keep_seeds)
+      out = sorted(s for s in by_seed if s not in wanted)
       if out:
         skipped.setdefault(src, {})[label] = out
-      by_seed = {s: p for s, p in by_seed.items() if s in seeds}
+      by_seed = {s: p for s, p in by_seed.items() if s in wanted}
       clash = set(by_seed) & set(merged.get(label, {}))
       if clash:
         raise SystemExit(f"error: {label} seeds {sorted(clash)} appear in more than one source")
       merged.setdefault(label, {}).update(by_seed)
     for label, by_seed in others.items():
       if only is None or label in only:
-        unfinished.setdefault(label, {}).update({s: why for s, why in by_seed.items() if s in seeds})
+        unfinished.setdefault(label, {}).update(
+            {s: why for s, why in by_seed.items() if s in seeds and (keep_seeds is None or s in keep_seeds)})
   # a run finished in another source (a seed rerun elsewhere) is not left out
   unfinished = {l: {s: why for s, why in v.items() if s not in merged.get(l, {})} for l, v in unfinished.items()}
   unfinished = {l: v for l, v in unfinished.items() if v}

@@ -377,7 +377,7 @@ def write(result: dict, notes: dict, out: str) -> None:
 # ---------------------------------------------------------------------------
 def run(srcs, chosen: dict) -> tuple[dict, dict]:
   """(the analysis, what was left out and why) of the sources' stage-2 runs."""
-  tier1 = [s for s in srcs if s.startswith(sources.TIER1)]
+  tier1 = [s for s in srcs if sources.split_source(s)[1].startswith(sources.TIER1)]
   if tier1:
     raise SystemExit(f"error: {tier1}: tier 1's points are stage 1's (seeds 0-4); stage 2 reads its own runs")
   labels = design.confirm_labels(chosen)

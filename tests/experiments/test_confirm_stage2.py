@@ -344,3 +344,20 @@ def test_a_missing_or_malformed_source_is_named(tmp_path):
   bad.write_text("label,seed,set,pass_optimal@1\ngrpo,0,A,0.4\n")  # no rl_step column
   with pytest.raises(SystemExit, match=r"bad.csv, line 2: not a points.csv row \(KeyError"):
     stage1.load([str(bad)])
+
+
+def test_a_seeds_prefix_keeps_those_seeds_of_its_source(tmp_path):
+  # stage 2's seeds 113 and 114 were rerun whole on another CPU kind: the older source's
+  # partial runs of them are left out by seeds=<list>:, and named among the seeds left out
+  old = write_csv(tmp_path / "old.csv", seeds=range(100, 115))
+  new = write_csv(tmp_path / "new.csv", seeds=range(113, 116))
+  with pytest.raises(SystemExit, match="appear in more than one source"):
+    stage2.run([old, new], CHOSEN)
+  result, notes = stage2.run(["seeds=100-112:" + old, new], CHOSEN)
+  assert result["seeds"] == list(range(100, 116))
+  assert notes["other_seeds"]["seeds=100-112:" + old][design.REFERENCE] == [113, 114]
+  for bad in ("seeds=100-x:" + old, "seeds=100-112", "seeds=100-112:"):
+    with pytest.raises(SystemExit, match="error: source"):
+      stage2.run([bad, new], CHOSEN)
+  with pytest.raises(SystemExit, match="tier 1's points are stage 1's"):
+    stage2.run(["seeds=100:tier1:" + old], CHOSEN)
