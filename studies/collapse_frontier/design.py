@@ -60,7 +60,7 @@ for lr in GRPO_LRS:
   SETTINGS[f"grpo-lr{_fmt(lr)}"] = {"rl.algo": "grpo", "rl.lr": lr}
 # GRPO on D_exp alone (DPH's data split without its divergence): the control for that split.
 SETTINGS["dph_f-eta0"] = {"rl.algo": "dph_f", "rl.objective.div_coef": 0.0}
-# Exploratory, added after tier 1 (docs/RESULTS.md section 1): at eta <= 2.5 the DPH-F term
+# Exploratory, added after tier 1 (docs/RESULTS.md section 6): at eta <= 2.5 the DPH-F term
 # stayed at 0.016-0.25 of the policy gradient's norm; these reach over-regularised.
 DPH_ETAS_STRONG = (12.5, 62.5)
 for eta in DPH_ETAS_STRONG:

@@ -1,5 +1,5 @@
 """Exploratory: the pre-registered contrasts of a strength-axis sweep at other pass@1 targets
-on A+B than the registered rule's (docs/RESULTS.md section 1), Holm over the 12 of each target
+on A+B than the registered rule's (docs/RESULTS.md section 6), Holm over the 12 of each target
 (`frontier.analyse` with the targets given, this study's `design.ANALYSIS`).
 
     python -m studies.collapse_frontier.targets runs/frontier 0.42,0.44

@@ -361,3 +361,18 @@ def test_a_seeds_prefix_keeps_those_seeds_of_its_source(tmp_path):
       stage2.run([bad, new], CHOSEN)
   with pytest.raises(SystemExit, match="tier 1's points are stage 1's"):
     stage2.run(["seeds=100:tier1:" + old], CHOSEN)
+
+
+def test_pareto_curves_start_at_zero_gain_and_average_the_seeds(tmp_path):
+  import numpy as np
+  from studies.collapse_confirm import pareto, sources as src_mod
+  src = write_csv(tmp_path / "points.csv", seeds=range(100, 103))
+  points, _, _ = src_mod.load([src], design.CONFIRM_SEEDS, metrics=stage2.METRICS)
+  cur = pareto.curves(points, [design.REFERENCE])
+  gain, cov, n = cur[design.REFERENCE]
+  assert n == 3 and gain[0] == 0.0
+  want = np.mean([[points[design.REFERENCE][s][t]["sets"]["A"]["overall_instance"]["coverage"]
+                   for t in sorted(points[design.REFERENCE][s])] for s in (100, 101, 102)], 0)
+  np.testing.assert_allclose(cov, want)
+  with pytest.raises(SystemExit, match="no seed on which every label finished"):
+    pareto.curves(points, [design.REFERENCE, "no-such-label"])
