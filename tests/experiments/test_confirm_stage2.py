@@ -376,3 +376,20 @@ def test_pareto_curves_start_at_zero_gain_and_average_the_seeds(tmp_path):
   np.testing.assert_allclose(cov, want)
   with pytest.raises(SystemExit, match="no seed on which every label finished"):
     pareto.curves(points, [design.REFERENCE, "no-such-label"])
+
+
+def test_term_grads_table_means_the_logged_steps(tmp_path):
+  from studies.collapse_confirm import term_grads
+  run = tmp_path / "sweep" / "dmpo-320-a1_15" / "seed100"
+  run.mkdir(parents=True)
+  lines = [{"step": 401, "loss": 1.0},  # a step that did not log the terms
+           {"step": 404, "pg_grad_norm": 1.0, "reg_grad_norm": 10.0, "grad_ratio": 10.0},
+           {"step": 408, "pg_grad_norm": 3.0, "reg_grad_norm": 14.0, "grad_ratio": 14 / 3}]
+  (run / "metrics.jsonl").write_text("".join(json.dumps(d) + "\n" for d in lines))
+  row = [l for l in term_grads.table([str(tmp_path / "sweep")]).splitlines() if "dmpo" in l][0]
+  assert row == f"| `dmpo-320-a1_15` | 1 | 2 | 12 | 6 | {(10 + 14 / 3) / 2:.3g} |"
+  (run / "metrics.jsonl").write_text("{not json\n")
+  with pytest.raises(SystemExit, match="line 1: not JSON"):
+    term_grads.table([str(tmp_path / "sweep")])
+  with pytest.raises(SystemExit, match="logged its terms' gradient norms"):
+    term_grads.table([str(tmp_path / "empty")])
