@@ -83,6 +83,7 @@ def load(sources, seeds, tier1_labels=(), metrics=METRICS) -> tuple[dict, dict, 
   skipped: dict = {}
   for src in sources:
     keep_seeds, rest = split_source(src)
+    wanted = set(seeds) if keep_seeds is None else set(seeds) & set(keep_seeds)
     only = tier1_labels if rest.startswith(TIER1) else None
     path = rest[len(TIER1):] if only is not None else rest
     if not os.path.exists(path):
@@ -94,7 +95,6 @@ def load(sources, seeds, tier1_labels=(), metrics=METRICS) -> tuple[dict, dict, 
     for label, by_seed in pts.items():
       if only is not None and label not in only:
         continue
-      wanted = set(seeds) if keep_seeds is None else set(seeds) & set(keep_seeds)
       out = sorted(s for s in by_seed if s not in wanted)
       if out:
         skipped.setdefault(src, {})[label] = out
@@ -105,8 +105,7 @@ def load(sources, seeds, tier1_labels=(), metrics=METRICS) -> tuple[dict, dict, 
       merged.setdefault(label, {}).update(by_seed)
     for label, by_seed in others.items():
       if only is None or label in only:
-        unfinished.setdefault(label, {}).update(
-            {s: why for s, why in by_seed.items() if s in seeds and (keep_seeds is None or s in keep_seeds)})
+        unfinished.setdefault(label, {}).update({s: why for s, why in by_seed.items() if s in wanted})
   # a run finished in another source (a seed rerun elsewhere) is not left out
   unfinished = {l: {s: why for s, why in v.items() if s not in merged.get(l, {})} for l, v in unfinished.items()}
   unfinished = {l: v for l, v in unfinished.items() if v}

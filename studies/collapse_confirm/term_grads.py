@@ -31,7 +31,9 @@ def run_means(path: str) -> tuple[float, float, float] | None:
       except json.JSONDecodeError as e:
         raise SystemExit(f"error: {path}, line {line_no}: not JSON ({e})")
       if d.get("pg_grad_norm") is not None:
-        pg.append(d["pg_grad_norm"]), reg.append(d.get("reg_grad_norm")), ratio.append(d.get("grad_ratio"))
+        pg.append(d["pg_grad_norm"])
+        reg.append(d.get("reg_grad_norm"))
+        ratio.append(d.get("grad_ratio"))
   return (mean(pg), mean(reg), mean(ratio)) if pg else None
 
 
